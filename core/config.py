@@ -1,0 +1,190 @@
+"""The policy file's schema and its phased loader.
+
+Phases: YAML -> each section decoded on its own (so one run reports every error, each with its
+key path, e.g. ``providers.claude.timeout_s: Expected `float` > 0.0, got 0``) -> references
+checked. Secrets are named by environment variable, never written in the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+PositiveFloat = Annotated[float, Meta(gt=0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Name = Annotated[str, Meta(min_length=1)]
+
+
+class _Strict(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pass
+
+
+class ProviderBase(_Strict):
+    """Fields every provider kind has."""
+
+    api_key_env: EnvName | None = None
+    timeout_s: PositiveFloat = 600.0
+    connect_timeout_s: PositiveFloat = 5.0
+    first_token_timeout_s: PositiveFloat = 60.0
+    headers: dict[str, str] = {}
+
+
+class OpenAIProviderConfig(ProviderBase, tag="openai", tag_field="type"):
+    """Any OpenAI-compatible API (OpenAI, Groq, Together, Mistral, DeepSeek, Ollama, vLLM)."""
+
+    base_url: str = "https://api.openai.com/v1"
+
+
+class AnthropicProviderConfig(ProviderBase, tag="anthropic", tag_field="type"):
+    base_url: str = "https://api.anthropic.com"
+    anthropic_version: str = "2023-06-01"
+    default_max_tokens: PositiveInt = 4096
+
+
+class GeminiProviderConfig(ProviderBase, tag="gemini", tag_field="type"):
+    base_url: str = "https://generativelanguage.googleapis.com"
+    api_version: str = "v1beta"
+
+
+class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type"):
+    """The in-process JAX engine. ``model_path`` None means the bundled SmolLM2-135M."""
+
+    model_path: str | None = None
+    served_model_name: str = "smollm2-135m-instruct"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
+    max_batch_size: PositiveInt = 8
+    max_model_len: PositiveInt = 2048
+    kv_cache_tokens: PositiveInt = 32768
+    block_size: PositiveInt = 16
+    compile_cache_dir: str | None = None
+
+
+ProviderConfig = (
+    OpenAIProviderConfig | AnthropicProviderConfig | GeminiProviderConfig | JaxProviderConfig
+)
+
+
+class TargetConfig(_Strict):
+    provider: Name
+    model: Name
+
+
+class ModelConfig(_Strict):
+    targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    description: str | None = None
+    owned_by: str = "switchyard"
+
+
+class ServerConfig(_Strict):
+    max_body_bytes: PositiveInt = 8 * 1024 * 1024
+
+
+class RoutingConfig(_Strict):
+    """How the executor treats one target: retries of transient errors and Retry-After."""
+
+    max_attempts_per_target: PositiveInt = 2
+    retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.05
+    max_retry_after_s: Annotated[float, Meta(ge=0)] = 2.0
+
+
+class LoggingConfig(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json: bool = True
+
+
+class Config(_Strict):
+    providers: dict[str, ProviderConfig] = {}
+    models: dict[str, ModelConfig] = {}
+    server: ServerConfig = ServerConfig()
+    routing: RoutingConfig = RoutingConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+class ConfigError(Exception):
+    """The file is invalid; ``errors`` lists every problem, each led by its key path."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("invalid config:\n  " + "\n  ".join(errors))
+        self.errors = errors
+
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_SECTIONS = ("server", "routing", "logging")
+
+
+def _keyed(prefix: str, error: msgspec.ValidationError) -> str:
+    """Turn msgspec's ``msg - at `$.a[0].b``` into ``prefix.a[0].b: msg``."""
+    text = str(error)
+    match = _AT.search(text)
+    suffix = match.group("path") if match else ""
+    message = text[: match.start()] if match else text
+    return f"{prefix}{suffix}: {message}"
+
+
+def _decode_mapping(raw: Any, key: str, kind: Any, errors: list[str]) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        errors.append(f"{key}: expected a mapping of names to entries")
+        return {}
+    decoded: dict[str, Any] = {}
+    for name, entry in raw.items():
+        try:
+            decoded[str(name)] = msgspec.convert(entry, kind)
+        except msgspec.ValidationError as exc:
+            errors.append(_keyed(f"{key}.{name}", exc))
+    return decoded
+
+
+def _check_references(
+    providers: dict[str, Any], models: dict[str, ModelConfig], errors: list[str]
+) -> None:
+    for alias, model in models.items():
+        for index, target in enumerate(model.targets):
+            if target.provider not in providers:
+                errors.append(
+                    f"models.{alias}.targets[{index}].provider: "
+                    f"unknown provider '{target.provider}'"
+                )
+
+
+def parse_config(text: str | bytes) -> Config:
+    """Decode and check a policy file's text; raise ``ConfigError`` listing every problem."""
+    try:
+        raw = msgspec.yaml.decode(text) if text else {}
+    except msgspec.DecodeError as exc:
+        raise ConfigError([f"(file): not valid YAML: {exc}"]) from exc
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(["(top level): expected a mapping"])
+    errors = [f"{key}: unknown section" for key in raw if key not in Config.__struct_fields__]
+    providers = _decode_mapping(raw.get("providers"), "providers", ProviderConfig, errors)
+    models = _decode_mapping(raw.get("models"), "models", ModelConfig, errors)
+    sections: dict[str, Any] = {}
+    for key in _SECTIONS:
+        kind = Config.__annotations__[key]
+        try:
+            sections[key] = msgspec.convert(raw.get(key) or {}, globals()[kind])
+        except msgspec.ValidationError as exc:
+            errors.append(_keyed(key, exc))
+    raw_providers = raw.get("providers")
+    known = raw_providers if isinstance(raw_providers, dict) else {}
+    _check_references(known, models, errors)
+    if errors:
+        raise ConfigError(errors)
+    return Config(providers=providers, models=models, **sections)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and parse the file at ``path``; a missing file is a ``ConfigError`` too."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"(file): cannot read {path}: {exc.strerror}"]) from exc
+    return parse_config(text)

@@ -1,0 +1,341 @@
+"""OpenAI wire types: the gateway's canonical request and response shapes.
+
+Requests are decoded leniently (unknown fields are ignored here and forwarded untouched to
+OpenAI-compatible upstreams from the raw bytes); responses are encoded with ``omit_defaults``
+so only the fields that carry a value go on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+JSONObject = dict[str, Any]
+
+
+# ---------------------------------------------------------------- request: content parts
+class TextPart(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImageURL(Struct):
+    url: str
+    detail: str | None = None
+
+
+class ImagePart(Struct, tag="image_url", tag_field="type"):
+    image_url: ImageURL
+
+
+class InputAudio(Struct):
+    data: str
+    format: str
+
+
+class AudioPart(Struct, tag="input_audio", tag_field="type"):
+    input_audio: InputAudio
+
+
+class FilePart(Struct, tag="file", tag_field="type"):
+    file: JSONObject
+
+
+ContentPart = TextPart | ImagePart | AudioPart | FilePart
+
+
+# ---------------------------------------------------------------- request: messages and tools
+class FunctionCall(Struct, omit_defaults=True):
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(Struct, omit_defaults=True):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class Message(Struct, omit_defaults=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(Struct, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: JSONObject | None = None
+    strict: bool | None = None
+
+
+class Tool(Struct, omit_defaults=True):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class ToolChoiceFunction(Struct):
+    name: str
+
+
+class NamedToolChoice(Struct):
+    function: ToolChoiceFunction
+    type: Literal["function"] = "function"
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JSONSchemaSpec(Struct, omit_defaults=True):
+    name: str
+    schema: JSONObject | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, omit_defaults=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+
+class StreamOptions(Struct, omit_defaults=True):
+    include_usage: bool = False
+
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+UnitFloat = Annotated[float, Meta(ge=0, le=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+
+
+class ChatRequest(Struct, omit_defaults=True):
+    """The fields of a chat request the gateway acts on or converts for other vendors."""
+
+    model: str
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: UnitFloat | None = None
+    top_k: PositiveInt | None = None
+    seed: int | None = None
+    n: PositiveInt | None = None
+    user: str | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+
+    def output_limit(self) -> int | None:
+        """The client's cap on generated tokens (``max_completion_tokens`` wins)."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def stop_list(self) -> list[str]:
+        """``stop`` normalised to a list."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def wants_usage_in_stream(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(Struct, omit_defaults=True):
+    """Routing view of a legacy ``/v1/completions`` request (forwarded raw)."""
+
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None
+    temperature: Temperature | None = None
+    top_p: UnitFloat | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: PositiveInt | None = None
+
+
+class EmbeddingRequest(Struct, omit_defaults=True):
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: PositiveInt | None = None
+    user: str | None = None
+
+    def input_texts(self) -> list[str] | None:
+        """The inputs as strings, or None when the client sent token ids."""
+        if isinstance(self.input, str):
+            return [self.input]
+        if all(isinstance(item, str) for item in self.input):
+            return [str(item) for item in self.input]
+        return None
+
+
+# ---------------------------------------------------------------- responses
+class PromptTokensDetails(Struct, omit_defaults=True):
+    cached_tokens: int = 0
+    cache_creation_tokens: int | None = None
+
+
+class Usage(Struct, omit_defaults=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prompt_tokens_details.cached_tokens if self.prompt_tokens_details else 0
+
+
+def make_usage(prompt: int, completion: int, cached: int = 0, created: int | None = None) -> Usage:
+    """Usage with ``total_tokens`` filled in and cache details only when they say something."""
+    details = None
+    if cached or created:
+        details = PromptTokensDetails(cached_tokens=cached, cache_creation_tokens=created)
+    return Usage(prompt, completion, prompt + completion, details)
+
+
+class AssistantMessage(Struct, omit_defaults=True):
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    refusal: str | None = None
+    role: Literal["assistant"] = "assistant"
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+
+
+class Choice(Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason | None
+    logprobs: JSONObject | None = None
+
+
+class ChatResponse(Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class FunctionDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
+class Delta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    refusal: str | None = None
+
+
+class ChunkChoice(Struct):
+    index: int
+    delta: Delta
+    finish_reason: FinishReason | None = None
+    logprobs: JSONObject | None = None
+
+
+class ChatChunk(Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+
+class EmbeddingItem(Struct):
+    index: int
+    embedding: list[float] | str
+    object: Literal["embedding"] = "embedding"
+
+
+class EmbeddingUsage(Struct):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingResponse(Struct):
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingUsage
+    object: Literal["list"] = "list"
+
+
+class ModelCard(Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: Literal["model"] = "model"
+
+
+class ModelList(Struct):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+# ---------------------------------------------------------------- provider results
+class ChatResult(Struct):
+    """A provider's answer: the decoded response, plus the upstream bytes when they can be
+    forwarded as they are (OpenAI-compatible upstreams), so no field is lost in re-encoding."""
+
+    response: ChatResponse
+    raw: bytes | None = None
+
+
+class StreamPart(Struct):
+    """One streamed chunk, with the upstream's own JSON bytes when they can be forwarded."""
+
+    chunk: ChatChunk
+    raw: bytes | None = None
+
+
+class RawResult(Struct):
+    """A passthrough answer (completions, embeddings): bytes to forward and the usage in them."""
+
+    body: bytes
+    usage: Usage | None = None
+
+
+class RawStreamPart(Struct):
+    """One passthrough SSE data payload and the usage it reports, if any."""
+
+    data: bytes
+    usage: Usage | None = None
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(Struct):
+    error: ErrorDetail
+
+
+encoder = msgspec.json.Encoder()

@@ -1,0 +1,160 @@
+"""What every HTTP adapter shares: the status -> error mapping, transport error mapping,
+Retry-After parsing and SSE reading. Adapters raise nothing but ``ProviderError`` subclasses.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+import msgspec
+from httpx_sse import EventSource, ServerSentEvent
+
+from core.errors import (
+    ProviderError,
+    UpstreamAuthError,
+    UpstreamBadRequestError,
+    UpstreamConnectError,
+    UpstreamMalformedError,
+    UpstreamRateLimitedError,
+    UpstreamServerError,
+    UpstreamTimeoutError,
+)
+from core.protocols import CallContext, Capabilities
+
+ErrorMessage = Callable[[bytes], tuple[str, str | None]]
+"""Reads a vendor error body; returns (message, param)."""
+
+
+def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def error_for_status(
+    provider: str, response: httpx.Response, body: bytes, read_message: ErrorMessage
+) -> ProviderError:
+    """The error for a non-2xx upstream answer, carrying the vendor's own message."""
+    status = response.status_code
+    try:
+        message, param = read_message(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError):
+        message, param = body[:300].decode("utf-8", "replace") or response.reason_phrase, None
+    text = f"upstream {provider} returned {status}: {message}"
+    kwargs = {"provider": provider, "upstream_status": status}
+    retry_after = parse_retry_after(response.headers)
+    if status == 429:
+        return UpstreamRateLimitedError(text, retry_after=retry_after, **kwargs)
+    if status in (401, 403):
+        return UpstreamAuthError(text, **kwargs)
+    if status == 408:
+        return UpstreamTimeoutError(text, **kwargs)
+    if status in (400, 413, 422):
+        return UpstreamBadRequestError(message, param=param, **kwargs)
+    return UpstreamServerError(text, retry_after=retry_after, **kwargs)
+
+
+@contextmanager
+def mapped_errors(provider: str) -> Iterator[None]:
+    """Turn transport and decoding failures inside the block into ``ProviderError``s."""
+    try:
+        yield
+    except ProviderError:
+        raise
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeoutError(
+            f"upstream {provider} timed out ({type(exc).__name__})", provider=provider
+        ) from exc
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise UpstreamConnectError(
+            f"cannot connect to upstream {provider}: {exc}", provider=provider
+        ) from exc
+    except httpx.TransportError as exc:
+        raise UpstreamServerError(
+            f"upstream {provider} connection failed: {type(exc).__name__}: {exc}",
+            provider=provider,
+        ) from exc
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UpstreamMalformedError(
+            f"upstream {provider} sent a malformed payload: {exc}", provider=provider
+        ) from exc
+
+
+def timeout_for(ctx: CallContext) -> httpx.Timeout:
+    """httpx timeouts for one call: connect as configured, reads bounded by the total."""
+    return httpx.Timeout(ctx.timeouts.total, connect=ctx.timeouts.connect)
+
+
+async def iter_sse(response: httpx.Response) -> AsyncIterator[ServerSentEvent]:
+    """The server-sent events of a streaming response, parsed by httpx-sse."""
+    async for event in EventSource(response).aiter_sse():
+        yield event
+
+
+class HttpProvider:
+    """Base for adapters over a shared ``httpx.AsyncClient`` (the gateway owns and closes it).
+
+    ``api_key`` is the resolved secret (never logged); ``None`` sends no credentials.
+    """
+
+    capabilities = Capabilities()
+
+    def __init__(
+        self,
+        name: str,
+        client: httpx.AsyncClient,
+        base_url: str,
+        api_key: str | None,
+        extra_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.extra_headers = dict(extra_headers or {})
+
+    async def start(self) -> None:
+        return None
+
+    def is_ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+    async def send(
+        self, request: httpx.Request, read_message: ErrorMessage, *, stream: bool = False
+    ) -> httpx.Response:
+        """Send ``request``; on a non-2xx answer read its body and raise the mapped error.
+
+        With ``stream=True`` the caller owns the open response and must close it.
+        """
+        with mapped_errors(self.name):
+            response = await self.client.send(request, stream=stream)
+            if response.status_code < 300:
+                return response
+            try:
+                body = await response.aread()
+            finally:
+                await response.aclose()
+            raise error_for_status(self.name, response, body, read_message)
