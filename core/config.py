@@ -24,7 +24,7 @@ class _Strict(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     pass
 
 
-class ProviderBase(_Strict):
+class ProviderBase(_Strict, frozen=True):
     """Fields every provider kind has."""
 
     api_key_env: EnvName | None = None
@@ -34,24 +34,24 @@ class ProviderBase(_Strict):
     headers: dict[str, str] = {}
 
 
-class OpenAIProviderConfig(ProviderBase, tag="openai", tag_field="type"):
+class OpenAIProviderConfig(ProviderBase, tag="openai", tag_field="type", frozen=True):
     """Any OpenAI-compatible API (OpenAI, Groq, Together, Mistral, DeepSeek, Ollama, vLLM)."""
 
     base_url: str = "https://api.openai.com/v1"
 
 
-class AnthropicProviderConfig(ProviderBase, tag="anthropic", tag_field="type"):
+class AnthropicProviderConfig(ProviderBase, tag="anthropic", tag_field="type", frozen=True):
     base_url: str = "https://api.anthropic.com"
     anthropic_version: str = "2023-06-01"
     default_max_tokens: PositiveInt = 4096
 
 
-class GeminiProviderConfig(ProviderBase, tag="gemini", tag_field="type"):
+class GeminiProviderConfig(ProviderBase, tag="gemini", tag_field="type", frozen=True):
     base_url: str = "https://generativelanguage.googleapis.com"
     api_version: str = "v1beta"
 
 
-class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type"):
+class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
     """The in-process JAX engine. ``model_path`` None means the bundled SmolLM2-135M."""
 
     model_path: str | None = None
@@ -70,22 +70,22 @@ ProviderConfig = (
 )
 
 
-class TargetConfig(_Strict):
+class TargetConfig(_Strict, frozen=True):
     provider: Name
     model: Name
 
 
-class ModelConfig(_Strict):
+class ModelConfig(_Strict, frozen=True):
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
     description: str | None = None
     owned_by: str = "switchyard"
 
 
-class ServerConfig(_Strict):
+class ServerConfig(_Strict, frozen=True):
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
 
 
-class RoutingConfig(_Strict):
+class RoutingConfig(_Strict, frozen=True):
     """How the executor treats one target: retries of transient errors and Retry-After."""
 
     max_attempts_per_target: PositiveInt = 2
@@ -93,12 +93,12 @@ class RoutingConfig(_Strict):
     max_retry_after_s: Annotated[float, Meta(ge=0)] = 2.0
 
 
-class LoggingConfig(_Strict):
+class LoggingConfig(_Strict, frozen=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json: bool = True
 
 
-class Config(_Strict):
+class Config(_Strict, frozen=True):
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelConfig] = {}
     server: ServerConfig = ServerConfig()

@@ -152,7 +152,7 @@ class CompletionRequest(Struct, omit_defaults=True):
     """Routing view of a legacy ``/v1/completions`` request (forwarded raw)."""
 
     model: str
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str | int | list[int]]
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Meta(ge=0)] | None = None
@@ -165,7 +165,7 @@ class CompletionRequest(Struct, omit_defaults=True):
 
 class EmbeddingRequest(Struct, omit_defaults=True):
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str | int | list[int]]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: PositiveInt | None = None
     user: str | None = None
@@ -217,7 +217,7 @@ FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "functi
 class Choice(Struct):
     index: int
     message: AssistantMessage
-    finish_reason: FinishReason | None
+    finish_reason: FinishReason | str | None
     logprobs: JSONObject | None = None
 
 
@@ -253,7 +253,7 @@ class Delta(Struct, omit_defaults=True):
 class ChunkChoice(Struct):
     index: int
     delta: Delta
-    finish_reason: FinishReason | None = None
+    finish_reason: FinishReason | str | None = None
     logprobs: JSONObject | None = None
 
 
@@ -325,6 +325,7 @@ class RawStreamPart(Struct):
 
     data: bytes
     usage: Usage | None = None
+    has_choices: bool = True  # False for the usage-only chunk that ends a stream
 
 
 class ErrorDetail(Struct):

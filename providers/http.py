@@ -61,17 +61,20 @@ def error_for_status(
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError):
         message, param = body[:300].decode("utf-8", "replace") or response.reason_phrase, None
     text = f"upstream {provider} returned {status}: {message}"
-    kwargs = {"provider": provider, "upstream_status": status}
     retry_after = parse_retry_after(response.headers)
+    kind: type[ProviderError] = UpstreamServerError
     if status == 429:
-        return UpstreamRateLimitedError(text, retry_after=retry_after, **kwargs)
-    if status in (401, 403):
-        return UpstreamAuthError(text, **kwargs)
-    if status == 408:
-        return UpstreamTimeoutError(text, **kwargs)
-    if status in (400, 413, 422):
-        return UpstreamBadRequestError(message, param=param, **kwargs)
-    return UpstreamServerError(text, retry_after=retry_after, **kwargs)
+        kind = UpstreamRateLimitedError
+    elif status in (401, 403):
+        kind = UpstreamAuthError
+    elif status == 408:
+        kind = UpstreamTimeoutError
+    elif status in (400, 413, 422):
+        # The client's own mistake: pass the vendor's words through unchanged.
+        return UpstreamBadRequestError(
+            message, provider=provider, upstream_status=status, param=param
+        )
+    return kind(text, provider=provider, upstream_status=status, retry_after=retry_after)
 
 
 @contextmanager

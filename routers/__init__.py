@@ -1,0 +1,1 @@
+"""Routing: filters -> plan (pure) -> executor (retries, fallback, streams)."""

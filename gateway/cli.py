@@ -1,0 +1,101 @@
+"""``switchyard`` command line: serve, check-config, worker, --version."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from core.config import ConfigError, load_config
+from gateway import __version__
+
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _config_path(value: str | None) -> str:
+    return value or os.environ.get("SWITCHYARD_CONFIG") or DEFAULT_CONFIG
+
+
+def _progress(message: str) -> None:
+    print(f"[switchyard] {message}", file=sys.stderr, flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.observe import configure_logging
+
+    path = _config_path(args.config)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 1
+    configure_logging(config.logging)
+    _progress(f"config {path}: {len(config.models)} model aliases, "
+              f"{len(config.providers)} providers; listening on http://{args.host}:{args.port}")
+    app = create_app(config, progress=_progress)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False,
+        loop="uvloop", http="httptools", timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    path = _config_path(args.path)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        for error in exc.errors:
+            print(f"{path}: {error}", file=sys.stderr)
+        return 1
+    unset = [
+        f"{name} (needs ${p.api_key_env})" for name, p in config.providers.items()
+        if p.api_key_env and not os.environ.get(p.api_key_env)
+    ]
+    print(f"{path}: OK ({len(config.providers)} providers, {len(config.models)} models)")
+    if unset:
+        print("providers that will be skipped until their key is set: " + ", ".join(unset))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
+    from local_tier.worker import main as worker_main
+
+    return int(worker_main(rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchyard", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="policy file (default $SWITCHYARD_CONFIG or ./config.yaml)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    check = commands.add_parser("check-config", help="validate a policy file")
+    check.add_argument("path", nargs="?")
+    worker = commands.add_parser(
+        "worker", help="run a local-tier worker: `switchyard worker jax --help`", add_help=False
+    )
+    worker.add_argument("kind", choices=["jax"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "worker":
+        return cmd_worker(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "serve":
+        return cmd_serve(args)
+    return cmd_check_config(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

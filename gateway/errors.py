@@ -1,0 +1,91 @@
+"""Every failure leaves the gateway in OpenAI's error shape with the right status."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import msgspec
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from core.errors import GatewayError, InvalidRequestError
+from core.wire import ErrorBody, ErrorDetail, encoder
+
+_log = structlog.get_logger("switchyard")
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+_STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+def error_body(exc: GatewayError) -> bytes:
+    detail = ErrorDetail(exc.message, exc.type, exc.param, exc.code)
+    return encoder.encode(ErrorBody(detail))
+
+
+def error_headers(exc: GatewayError, request_id: str | None) -> dict[str, str]:
+    headers = {"x-request-id": request_id} if request_id else {}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
+    return headers
+
+
+def render(exc: GatewayError, request_id: str | None = None) -> Response[bytes]:
+    return Response(
+        error_body(exc),
+        status_code=exc.status,
+        media_type="application/json",
+        headers=error_headers(exc, request_id),
+    )
+
+
+def invalid_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidRequestError:
+    """A 400 for a body that is not JSON, or not the schema, with ``param`` set."""
+    if not isinstance(exc, msgspec.ValidationError):
+        return InvalidRequestError(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        )
+    text = str(exc)
+    match = _AT.search(text)
+    path = match.group("path") if match else ""
+    message = text[: match.start()] if match else text
+    missing = _MISSING.search(message)
+    if missing:
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+    where = f" (at '{path}')" if path else ""
+    return InvalidRequestError(f"Invalid request: {message}{where}", param=path or None)
+
+
+def _request_id(request: Request[object, object, object]) -> str | None:
+    value = request.scope.get("state", {}).get("request_id")
+    return value if isinstance(value, str) else None
+
+
+def gateway_error_handler(
+    request: Request[object, object, object], exc: GatewayError
+) -> Response[bytes]:
+    return render(exc, _request_id(request))
+
+
+def http_error_handler(
+    request: Request[object, object, object], exc: HTTPException
+) -> Response[bytes]:
+    """Litestar's own errors (unknown route, wrong method, body too large) in OpenAI shape."""
+    error = GatewayError(str(exc.detail))
+    error.status = exc.status_code
+    error.type = _STATUS_TYPES.get(exc.status_code, "invalid_request_error")
+    if exc.status_code >= 500:
+        error.type = "server_error"
+    if exc.status_code == 413:
+        error.code = "payload_too_large"
+    return render(error, _request_id(request))
+
+
+def unexpected_error_handler(
+    request: Request[object, object, object], exc: Exception
+) -> Response[bytes]:
+    """A bug, not the client's fault: logged with its traceback, answered with a plain 500."""
+    _log.exception("request.unhandled_error", path=request.url.path)
+    error = GatewayError("The gateway hit an internal error; it has been logged.")
+    return render(error, _request_id(request))

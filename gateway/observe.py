@@ -1,0 +1,44 @@
+"""Structured logs: structlog configured once, and the one ``request.completed`` line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+from core.config import LoggingConfig
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+# Keys whose values must never reach a log line.
+_SECRET_KEYS = frozenset({"authorization", "api_key", "x-api-key", "x-goog-api-key", "password"})
+
+
+def _drop_secrets(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    for key in _SECRET_KEYS.intersection(event):
+        event[key] = "[redacted]"
+    return event
+
+
+def configure_logging(config: LoggingConfig) -> None:
+    """JSON lines (or console when ``json: false``) on stdout, filtered at ``level``."""
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if config.json
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _drop_secrets,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[config.level]),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)

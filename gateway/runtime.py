@@ -1,0 +1,138 @@
+"""A runtime snapshot: the providers, targets and executor built from one config.
+
+Requests take the snapshot once and keep it to the end, so a reload (swap of the reference)
+never changes a request in flight.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+import httpx
+import structlog
+from msgspec import Struct
+
+from core.config import (
+    AnthropicProviderConfig,
+    Config,
+    GeminiProviderConfig,
+    JaxProviderConfig,
+    OpenAIProviderConfig,
+    ProviderConfig,
+)
+from core.errors import ModelNotFoundError
+from core.protocols import Provider, Timeouts
+from routers.executor import Executor
+from routers.targets import Skipped, Target
+
+_log = structlog.get_logger("switchyard")
+Progress = Callable[[str], None]
+
+
+class DisabledProvider(Struct, frozen=True):
+    name: str
+    reason: str
+
+
+def _api_key(config: ProviderConfig, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(key, reason it is unusable). No ``api_key_env`` means the upstream needs no key."""
+    if config.api_key_env is None:
+        return None, None
+    key = env.get(config.api_key_env, "")
+    if not key:
+        return None, f"environment variable {config.api_key_env} is not set"
+    return key, None
+
+
+def build_provider(
+    name: str, config: ProviderConfig, client: httpx.AsyncClient, key: str | None,
+    progress: Progress | None = None,
+) -> Provider:
+    """The adapter for one configured provider. Heavy kinds are imported only when used."""
+    if isinstance(config, OpenAIProviderConfig):
+        from providers.openai import OpenAIProvider
+
+        return OpenAIProvider(name, client, config, key)
+    if isinstance(config, AnthropicProviderConfig):
+        from providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(name, client, config, key)
+    if isinstance(config, GeminiProviderConfig):
+        from providers.gemini import GeminiProvider
+
+        return GeminiProvider(name, client, config, key)
+    if isinstance(config, JaxProviderConfig):
+        from local_tier.provider import JaxProvider
+
+        return JaxProvider(name, config, progress=progress)
+    raise TypeError(f"unknown provider config {type(config).__name__}")
+
+
+def _timeouts(config: ProviderConfig) -> Timeouts:
+    return Timeouts(
+        connect=config.connect_timeout_s,
+        total=config.timeout_s,
+        first_token=min(config.first_token_timeout_s, config.timeout_s),
+    )
+
+
+class Runtime:
+    """Everything a request needs from the config, built once per (re)load."""
+
+    def __init__(
+        self,
+        config: Config,
+        client: httpx.AsyncClient,
+        env: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.config = config
+        self.executor = Executor(config.routing)
+        self.providers: dict[str, Provider] = {}
+        self.disabled: list[DisabledProvider] = []
+        environment = os.environ if env is None else env
+        for name, provider_config in config.providers.items():
+            key, problem = _api_key(provider_config, environment)
+            if problem:
+                self.disabled.append(DisabledProvider(name, problem))
+                _log.warning("provider.disabled", provider=name, reason=problem)
+                continue
+            self.providers[name] = build_provider(name, provider_config, client, key, progress)
+        self.targets: dict[str, list[Target]] = {}
+        self.skipped: dict[str, list[Skipped]] = {}
+        for alias, model in config.models.items():
+            self._resolve(alias, [(t.provider, t.model) for t in model.targets])
+
+    def _resolve(self, alias: str, pairs: list[tuple[str, str]]) -> None:
+        reasons = {d.name: d.reason for d in self.disabled}
+        targets, skipped = [], []
+        for provider_name, model in pairs:
+            if provider_name in reasons:
+                skipped.append(Skipped(f"{provider_name}/{model}", reasons[provider_name]))
+                continue
+            timeouts = _timeouts(self.config.providers[provider_name])
+            provider = self.providers[provider_name]
+            targets.append(Target(alias, provider_name, model, provider, timeouts))
+        self.targets[alias] = targets
+        self.skipped[alias] = skipped
+
+    def plan_for(self, alias: str) -> tuple[list[Target], list[Skipped]]:
+        """The targets of ``alias`` in priority order; 404 for an alias nobody configured."""
+        if alias not in self.targets:
+            raise ModelNotFoundError(
+                f"The model '{alias}' does not exist or you do not have access to it.",
+                param="model",
+            )
+        return self.targets[alias], self.skipped[alias]
+
+    def is_ready(self) -> bool:
+        return all(provider.is_ready() for provider in self.providers.values())
+
+    async def start(self) -> None:
+        for provider in self.providers.values():
+            await provider.start()
+
+    async def aclose(self) -> None:
+        for provider in self.providers.values():
+            await provider.aclose()

@@ -1,0 +1,121 @@
+"""Adapter for any OpenAI-compatible API: the client's body is forwarded as it came, with the
+model rewritten; the upstream's answer bytes are forwarded too (decoded only to check them and
+read usage)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+
+from core.config import OpenAIProviderConfig
+from core.errors import UpstreamMalformedError, UpstreamServerError
+from core.protocols import CallContext, Capabilities
+from core.wire import (
+    ChatRequest,
+    ChatResult,
+    CompletionRequest,
+    EmbeddingRequest,
+    RawResult,
+    RawStreamPart,
+    StreamPart,
+    encoder,
+)
+from providers.http import HttpProvider, iter_sse, mapped_errors, timeout_for
+from providers.openai import wire
+
+_DONE = "[DONE]"
+
+
+class OpenAIProvider(HttpProvider):
+    """Chat, completions and embeddings against ``{base_url}/...`` with Bearer auth."""
+
+    capabilities = Capabilities(embeddings=True, completions=True)
+
+    def __init__(
+        self,
+        name: str,
+        client: httpx.AsyncClient,
+        config: OpenAIProviderConfig,
+        api_key: str | None,
+    ) -> None:
+        super().__init__(name, client, config.base_url, api_key, config.headers)
+        self._headers = {"content-type": "application/json", **self.extra_headers}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+
+    def _request(self, path: str, body: bytes, ctx: CallContext) -> httpx.Request:
+        return self.client.build_request(
+            "POST",
+            f"{self.base_url}{path}",
+            content=body,
+            headers=self._headers,
+            timeout=timeout_for(ctx),
+        )
+
+    def _body(self, ctx: CallContext, fallback: object, *, stream: bool) -> bytes:
+        raw = ctx.raw_body if ctx.raw_body is not None else encoder.encode(fallback)
+        return wire.rewrite_body(raw, ctx.upstream_model, force_usage=stream)
+
+    async def _post(self, path: str, body: bytes, ctx: CallContext) -> bytes:
+        response = await self.send(self._request(path, body, ctx), wire.read_error)
+        with mapped_errors(self.name):
+            return await response.aread()
+
+    async def chat(self, req: ChatRequest, ctx: CallContext) -> ChatResult:
+        body = await self._post("/chat/completions", self._body(ctx, req, stream=False), ctx)
+        with mapped_errors(self.name):
+            return ChatResult(wire.response_decoder.decode(body), raw=body)
+
+    async def stream_chat(self, req: ChatRequest, ctx: CallContext) -> AsyncIterator[StreamPart]:
+        body = self._body(ctx, req, stream=True)
+        async for data in self._stream("/chat/completions", body, ctx):
+            with mapped_errors(self.name):
+                chunk = wire.chunk_decoder.decode(data)
+            yield StreamPart(chunk, raw=data)
+
+    async def complete(self, req: CompletionRequest, ctx: CallContext) -> RawResult:
+        body = await self._post("/completions", self._body(ctx, req, stream=False), ctx)
+        with mapped_errors(self.name):
+            return RawResult(body, wire.usage_decoder.decode(body).usage)
+
+    async def stream_complete(
+        self, req: CompletionRequest, ctx: CallContext
+    ) -> AsyncIterator[RawStreamPart]:
+        body = self._body(ctx, req, stream=True)
+        async for data in self._stream("/completions", body, ctx):
+            with mapped_errors(self.name):
+                probe = wire.usage_decoder.decode(data)
+            yield RawStreamPart(data, probe.usage, has_choices=bool(probe.choices))
+
+    async def embed(self, req: EmbeddingRequest, ctx: CallContext) -> RawResult:
+        body = await self._post("/embeddings", self._body(ctx, req, stream=False), ctx)
+        with mapped_errors(self.name):
+            return RawResult(body, wire.usage_decoder.decode(body).usage)
+
+    async def _stream(self, path: str, body: bytes, ctx: CallContext) -> AsyncIterator[bytes]:
+        """The data payloads of an SSE stream up to ``[DONE]``; the response is closed when
+        the consumer stops early (client gone, fallback) as well as at the end."""
+        response = await self.send(self._request(path, body, ctx), wire.read_error, stream=True)
+        try:
+            with mapped_errors(self.name):
+                async for event in iter_sse(response):
+                    if event.data == _DONE:
+                        return
+                    data = event.data.encode()
+                    if wire.is_error_payload(data):
+                        raise self._stream_error(data)
+                    yield data
+            raise UpstreamMalformedError(
+                f"upstream {self.name} ended the stream without [DONE]", provider=self.name
+            )
+        finally:
+            await response.aclose()
+
+    def _stream_error(self, data: bytes) -> Exception:
+        message, _ = wire.read_error(data)
+        return UpstreamServerError(
+            f"upstream {self.name} reported an error mid-stream: {message}",
+            provider=self.name,
+            code="upstream_stream_error",
+        )

@@ -1,0 +1,28 @@
+"""Targets: one (provider, upstream model) pair a model alias can be served by."""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+from core.protocols import Provider, Timeouts
+
+
+class Target(Struct, frozen=True):
+    """A place a request can go. ``provider`` is the live adapter object."""
+
+    alias: str
+    provider_name: str
+    model: str
+    provider: Provider
+    timeouts: Timeouts
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider_name}/{self.model}"
+
+
+class Skipped(Struct, frozen=True):
+    """A target left out of the plan, and why (logged and shown in route reasons)."""
+
+    label: str
+    reason: str

@@ -1,0 +1,10 @@
+"""Shared pytest setup: anyio runs async tests on asyncio."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
