@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import msgspec
@@ -57,9 +58,10 @@ def invalid_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidR
     return InvalidRequestError(f"Invalid request: {message}{where}", param=path or None)
 
 
-def _request_id(request: Request[object, object, object]) -> str | None:
+def _request_id(request: Request[object, object, object]) -> str:
+    """The id the handler gave this request, or a fresh one for errors raised before it."""
     value = request.scope.get("state", {}).get("request_id")
-    return value if isinstance(value, str) else None
+    return value if isinstance(value, str) else "req_" + os.urandom(12).hex()
 
 
 def gateway_error_handler(
