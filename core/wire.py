@@ -2,7 +2,8 @@
 
 Requests are decoded leniently (unknown fields are ignored here and forwarded untouched to
 OpenAI-compatible upstreams from the raw bytes); responses are encoded with ``omit_defaults``
-so only the fields that carry a value go on the wire.
+so only the fields that carry a value go on the wire. Constant discriminators (``object``,
+``role: assistant``, ``type: function``) are msgspec tags, which are always encoded.
 """
 
 from __future__ import annotations
@@ -51,10 +52,9 @@ class FunctionCall(Struct, omit_defaults=True):
     arguments: str = ""
 
 
-class ToolCall(Struct, omit_defaults=True):
+class ToolCall(Struct, omit_defaults=True, tag_field="type", tag="function"):
     id: str
     function: FunctionCall
-    type: Literal["function"] = "function"
 
 
 class Message(Struct, omit_defaults=True):
@@ -72,18 +72,16 @@ class FunctionDef(Struct, omit_defaults=True):
     strict: bool | None = None
 
 
-class Tool(Struct, omit_defaults=True):
+class Tool(Struct, omit_defaults=True, tag_field="type", tag="function"):
     function: FunctionDef
-    type: Literal["function"] = "function"
 
 
 class ToolChoiceFunction(Struct):
     name: str
 
 
-class NamedToolChoice(Struct):
+class NamedToolChoice(Struct, tag_field="type", tag="function"):
     function: ToolChoiceFunction
-    type: Literal["function"] = "function"
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
@@ -204,11 +202,10 @@ def make_usage(prompt: int, completion: int, cached: int = 0, created: int | Non
     return Usage(prompt, completion, prompt + completion, details)
 
 
-class AssistantMessage(Struct, omit_defaults=True):
+class AssistantMessage(Struct, omit_defaults=True, tag_field="role", tag="assistant"):
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     refusal: str | None = None
-    role: Literal["assistant"] = "assistant"
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
@@ -221,14 +218,13 @@ class Choice(Struct):
     logprobs: JSONObject | None = None
 
 
-class ChatResponse(Struct, omit_defaults=True):
+class ChatResponse(Struct, omit_defaults=True, tag_field="object", tag="chat.completion"):
     id: str
     created: int
     model: str
     choices: list[Choice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
-    object: Literal["chat.completion"] = "chat.completion"
 
 
 class FunctionDelta(Struct, omit_defaults=True):
@@ -257,14 +253,13 @@ class ChunkChoice(Struct):
     logprobs: JSONObject | None = None
 
 
-class ChatChunk(Struct, omit_defaults=True):
+class ChatChunk(Struct, omit_defaults=True, tag_field="object", tag="chat.completion.chunk"):
     id: str
     created: int
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
 
 
 class EmbeddingItem(Struct):

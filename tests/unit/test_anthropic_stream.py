@@ -83,7 +83,8 @@ def test_text_stream_is_openais_exact_sequence() -> None:
         ({"content": " there"}, None),
         ({}, "stop"),
     ]
-    assert {(c.id, c.model, c.created, c.object) for c in chunks_for(events)} == {
+    encoded = [msgspec.json.decode(msgspec.json.encode(c)) for c in chunks_for(events)]
+    assert {(c["id"], c["model"], c["created"], c["object"]) for c in encoded} == {
         ("msg_s", "claude-x-2025", 9, "chat.completion.chunk")}
 
 
