@@ -45,6 +45,11 @@ WEATHER = {
         },
     },
 }
+WEATHER_SCHEMA_SENT = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
 ROLE = ({"role": "assistant", "content": ""}, None)
 
 
@@ -232,7 +237,14 @@ async def test_closing_the_stream_early_closes_the_upstream_connection(
     url: str, fake: FakeGemini
 ) -> None:
     fake.slow_seconds = 5.0
-    async with provider(url) as gemini:
+    opened: list[httpx.Response] = []
+
+    async def remember(response: httpx.Response) -> None:
+        opened.append(response)
+
+    config = GeminiProviderConfig(base_url=url)
+    async with httpx.AsyncClient(event_hooks={"response": [remember]}) as client:
+        gemini = GeminiProvider("gemini", client, config, API_KEY)
         gen = gemini.stream_chat(request(stream=True), ctx("m-slow-stream"))
         seen = []
         async for part in gen:
@@ -240,6 +252,8 @@ async def test_closing_the_stream_early_closes_the_upstream_connection(
             if part.chunk.choices[0].delta.content:
                 break
         await gen.aclose()  # type: ignore[attr-defined]
+        # Closed by the generator itself, not later by garbage collection.
+        assert [r.is_closed for r in opened] == [True]
         with anyio.fail_after(3):
             while fake.disconnects == 0:
                 await anyio.sleep(0.02)
@@ -270,21 +284,8 @@ async def test_tool_call_and_tool_result_turn(url: str, fake: FakeGemini) -> Non
         req = request(messages=history, tools=[WEATHER], tool_choice="auto")
         second = (await gemini.chat(req, ctx("m-ok"))).response
     assert second.choices[0].message.content == TEXT
-    tools_sent = fake.requests[0].json["tools"]
-    assert tools_sent == [
-        {
-            "functionDeclarations": [
-                {
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
-                        "required": ["city"],
-                    },
-                }
-            ]
-        }
-    ]
+    declaration = {"name": "get_weather", "parameters": WEATHER_SCHEMA_SENT}
+    assert fake.requests[0].json["tools"] == [{"functionDeclarations": [declaration]}]
     sent = fake.requests[1].json
     assert sent["toolConfig"] == {"functionCallingConfig": {"mode": "AUTO"}}
     assert sent["contents"] == [

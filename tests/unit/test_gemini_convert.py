@@ -58,7 +58,9 @@ def respond(payload: dict[str, Any]) -> ChatResponse:
 
 
 def calls_of(message: AssistantMessage) -> list[tuple[str, str, str, str]]:
-    return [(c.id, c.type, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    """(id, type, name, arguments) of each tool call as it goes on the wire."""
+    wire = msgspec.to_builtins(message.tool_calls or [])
+    return [(c["id"], c["type"], c["function"]["name"], c["function"]["arguments"]) for c in wire]
 
 
 def text_parts(*texts: str) -> list[dict[str, str]]:
@@ -231,47 +233,29 @@ WEATHER = {
 }
 
 
-def test_tools_become_function_declarations_without_rejected_keys() -> None:
-    sent = body(
-        tools=[
-            WEATHER,
-            {
-                "type": "function",
-                "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}},
+WEATHER_DECLARATION = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "description": "City"},
+            "strict": {"type": "boolean"},
+            "when": {"type": "string", "enum": ["today", "tomorrow"], "description": "day"},
+            "tags": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"k": {"type": "string"}}},
             },
-        ]
-    )
-    assert sent["tools"] == [
-        {
-            "functionDeclarations": [
-                {
-                    "name": "get_weather",
-                    "description": "Weather for a city",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {
-                            "city": {"type": "string", "description": "City"},
-                            "strict": {"type": "boolean"},
-                            "when": {
-                                "type": "string",
-                                "enum": ["today", "tomorrow"],
-                                "description": "day",
-                            },
-                            "tags": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "properties": {"k": {"type": "string"}},
-                                },
-                            },
-                        },
-                        "required": ["city"],
-                    },
-                },
-                {"name": "ping"},
-            ]
-        }
-    ]
+        },
+        "required": ["city"],
+    },
+}
+
+
+def test_tools_become_function_declarations_without_rejected_keys() -> None:
+    ping = {"name": "ping", "parameters": {"type": "object", "properties": {}}}
+    sent = body(tools=[WEATHER, {"type": "function", "function": ping}])
+    assert sent["tools"] == [{"functionDeclarations": [WEATHER_DECLARATION, {"name": "ping"}]}]
 
 
 @pytest.mark.parametrize(
