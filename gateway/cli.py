@@ -34,12 +34,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"{path}: {exc}", file=sys.stderr)
         return 1
     configure_logging(config.logging)
-    _progress(f"config {path}: {len(config.models)} model aliases, "
-              f"{len(config.providers)} providers; listening on http://{args.host}:{args.port}")
+    _progress(
+        f"config {path}: {len(config.models)} model aliases, "
+        f"{len(config.providers)} providers; listening on http://{args.host}:{args.port}"
+    )
     app = create_app(config, progress=_progress)
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", access_log=False,
-        loop="uvloop", http="httptools", timeout_graceful_shutdown=30,
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=30,
     )
     return 0
 
@@ -53,7 +61,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"{path}: {error}", file=sys.stderr)
         return 1
     unset = [
-        f"{name} (needs ${p.api_key_env})" for name, p in config.providers.items()
+        f"{name} (needs ${p.api_key_env})"
+        for name, p in config.providers.items()
         if p.api_key_env and not os.environ.get(p.api_key_env)
     ]
     print(f"{path}: OK ({len(config.providers)} providers, {len(config.models)} models)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import Any
 
 import msgspec
 import structlog
@@ -58,21 +59,17 @@ def invalid_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidR
     return InvalidRequestError(f"Invalid request: {message}{where}", param=path or None)
 
 
-def _request_id(request: Request[object, object, object]) -> str:
+def _request_id(request: Request[Any, Any, Any]) -> str:
     """The id the handler gave this request, or a fresh one for errors raised before it."""
     value = request.scope.get("state", {}).get("request_id")
     return value if isinstance(value, str) else "req_" + os.urandom(12).hex()
 
 
-def gateway_error_handler(
-    request: Request[object, object, object], exc: GatewayError
-) -> Response[bytes]:
+def gateway_error_handler(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
     return render(exc, _request_id(request))
 
 
-def http_error_handler(
-    request: Request[object, object, object], exc: HTTPException
-) -> Response[bytes]:
+def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     """Litestar's own errors (unknown route, wrong method, body too large) in OpenAI shape."""
     error = GatewayError(str(exc.detail))
     error.status = exc.status_code
@@ -84,9 +81,7 @@ def http_error_handler(
     return render(error, _request_id(request))
 
 
-def unexpected_error_handler(
-    request: Request[object, object, object], exc: Exception
-) -> Response[bytes]:
+def unexpected_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """A bug, not the client's fault: logged with its traceback, answered with a plain 500."""
     _log.exception("request.unhandled_error", path=request.url.path)
     error = GatewayError("The gateway hit an internal error; it has been logged.")

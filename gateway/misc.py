@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -81,12 +81,15 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(encoder.encode(body), media_type=_JSON, status_code=200 if ready else 503)
 
 
-def _plan(state: GatewayState, model: str, capability: str, kind: type) -> tuple[list[Target], list[Skipped]]:
+def _plan(
+    state: GatewayState, model: str, capability: str, kind: type
+) -> tuple[list[Target], list[Skipped]]:
     targets, skipped = state.runtime.plan_for(model)
     capable = [t for t in targets if isinstance(t.provider, kind)]
     if targets and not capable:
         raise InvalidRequestError(
-            f"model '{model}' does not support {capability}", param="model",
+            f"model '{model}' does not support {capability}",
+            param="model",
             code="unsupported_endpoint",
         )
     return capable, skipped
@@ -94,8 +97,10 @@ def _plan(state: GatewayState, model: str, capability: str, kind: type) -> tuple
 
 def _context(record: RequestRecord, target: Target, raw: bytes) -> CallContext:
     return CallContext(
-        request_id=record.request_id, upstream_model=target.model,
-        timeouts=target.timeouts, raw_body=raw,
+        request_id=record.request_id,
+        upstream_model=target.model,
+        timeouts=target.timeouts,
+        raw_body=raw,
     )
 
 
@@ -110,7 +115,9 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
         plan, skipped = _plan(state, req.model, "embeddings", EmbeddingProvider)
         record.trace = Trace(skipped)
         result: RawResult = await state.runtime.executor.call(
-            req.model, plan, lambda t: t.provider.embed(req, _context(record, t, raw)),
+            req.model,
+            plan,
+            lambda t: cast(EmbeddingProvider, t.provider).embed(req, _context(record, t, raw)),
             record.trace,
         )
     except GatewayError as exc:
@@ -141,17 +148,26 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         executor = state.runtime.executor
         if req.stream:
             first, rest = await executor.open_stream(
-                req.model, plan,
-                lambda t: t.provider.stream_complete(req, _context(record, t, raw)),
+                req.model,
+                plan,
+                lambda t: cast(CompletionProvider, t.provider).stream_complete(
+                    req, _context(record, t, raw)
+                ),
                 record.trace,
             )
             record.first_byte()
-            body = _raw_stream(record, first, rest, req.stream_options is not None
-                               and req.stream_options.include_usage)
+            body = _raw_stream(
+                record,
+                first,
+                rest,
+                req.stream_options is not None and req.stream_options.include_usage,
+            )
             headers = {**record.headers(), "cache-control": "no-cache"}
             return Stream(body, media_type="text/event-stream", headers=headers)
         result: RawResult = await executor.call(
-            req.model, plan, lambda t: t.provider.complete(req, _context(record, t, raw)),
+            req.model,
+            plan,
+            lambda t: cast(CompletionProvider, t.provider).complete(req, _context(record, t, raw)),
             record.trace,
         )
     except GatewayError as exc:
@@ -163,7 +179,9 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 async def _raw_stream(
-    record: RequestRecord, first: RawStreamPart, rest: AsyncIterator[RawStreamPart],
+    record: RequestRecord,
+    first: RawStreamPart,
+    rest: AsyncIterator[RawStreamPart],
     wants_usage: bool,
 ) -> AsyncIterator[bytes]:
     status, error = 499, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -15,7 +16,7 @@ _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _SECRET_KEYS = frozenset({"authorization", "api_key", "x-api-key", "x-goog-api-key", "password"})
 
 
-def _drop_secrets(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _drop_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key in _SECRET_KEYS.intersection(event):
         event[key] = "[redacted]"
     return event

@@ -46,7 +46,10 @@ def _api_key(config: ProviderConfig, env: Mapping[str, str]) -> tuple[str | None
 
 
 def build_provider(
-    name: str, config: ProviderConfig, client: httpx.AsyncClient, key: str | None,
+    name: str,
+    config: ProviderConfig,
+    client: httpx.AsyncClient,
+    key: str | None,
     progress: Progress | None = None,
 ) -> Provider:
     """The adapter for one configured provider. Heavy kinds are imported only when used."""
