@@ -115,17 +115,20 @@ class FakeEngine:
         self.requests.append(req)
         self._waiting += 1
         try:
-            async with self._slots:
-                self._waiting -= 1
-                self._running.add(req.request_id)
-                async for out in self._steps(req):
-                    yield out
-        except BaseException:
-            self.aborted.append(req.request_id)
-            raise
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._running.add(req.request_id)
+        try:
+            async for out in self._steps(req):
+                if out.finish_reason is not None:
+                    self.finished.append(req.request_id)
+                yield out
         finally:
             self._running.discard(req.request_id)
-        self.finished.append(req.request_id)
+            self._slots.release()
+            if req.request_id not in self.finished:
+                self.aborted.append(req.request_id)
 
     async def _steps(self, req: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         n = len(req.prompt_token_ids)

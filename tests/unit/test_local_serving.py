@@ -14,7 +14,7 @@ from core.errors import (
     UpstreamRateLimitedError,
     UpstreamServerError,
 )
-from core.wire import ChatRequest, CompletionRequest
+from core.wire import ChatRequest, CompletionRequest, encoder
 from local_tier import serving
 from local_tier.jax.api import (
     EngineOverloadedError,
@@ -187,7 +187,7 @@ def test_engine_errors_map_to_core_errors():
 async def test_chat_response_joins_text_and_reports_usage():
     answer = await serving.collect(outputs(out("Hel"), out(""), out("lo", "length", 3)))
     response = serving.chat_response(META, answer)
-    body = json.loads(serving.wire_json(response))
+    body = json.loads(encoder.encode(response))
     assert body["object"] == "chat.completion"
     assert body["choices"] == [{
         "index": 0, "message": {"content": "Hello", "role": "assistant"},
@@ -209,7 +209,7 @@ async def test_aborted_or_unfinished_answers_are_server_errors():
 
 async def chunk_bodies(include_usage: bool) -> list[dict[str, object]]:
     items = outputs(out("Hi"), out(""), out("!", "stop", 2))
-    return [json.loads(serving.wire_json(c))
+    return [json.loads(encoder.encode(c))
             async for c in serving.chat_chunks(items, META, include_usage)]
 
 
@@ -279,7 +279,7 @@ async def test_completion_body_and_stream():
 @pytest.mark.anyio
 async def test_started_surfaces_the_first_error_and_closes():
     engine = FakeEngine()
-    bad = serving.generate(engine, serving.chat_generation(engine, chat(), "r") )
+    bad = serving.generate(engine, serving.chat_generation(engine, chat(), "r"))
     bad_req = serving.chat_generation(engine, chat(temperature=0), "r2")
     bad_req.params = SamplingParams(temperature=5.0)
     with pytest.raises(InvalidRequestError) as info:
@@ -288,3 +288,4 @@ async def test_started_surfaces_the_first_error_and_closes():
     answer = await serving.collect(await serving.started(bad))
     assert answer.text == engine.reply
     assert engine.finished == ["r"]
+    assert engine.aborted == []
