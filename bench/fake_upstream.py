@@ -10,21 +10,35 @@ import asyncio
 import json
 import sys
 
-_COMPLETION = json.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1_700_000_000,
-    "model": "bench-model", "system_fingerprint": "fp_bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there! " * 8},
-                 "logprobs": None, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 20, "completion_tokens": 24, "total_tokens": 44},
-}).encode()
+_COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "bench-model",
+        "system_fingerprint": "fp_bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello there! " * 8},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 24, "total_tokens": 44},
+    }
+).encode()
 
 
 def _sse_body() -> bytes:
     def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:
-        payload = {"id": "chatcmpl-bench", "object": "chat.completion.chunk",
-                   "created": 1_700_000_000, "model": "bench-model",
-                   "choices": [] if usage else [{"index": 0, "delta": delta,
-                                                 "finish_reason": finish}]}
+        payload = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": "bench-model",
+            "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
         if usage:
             payload["usage"] = usage
         return b"data: " + json.dumps(payload).encode() + b"\n\n"
@@ -39,12 +53,16 @@ def _sse_body() -> bytes:
 
 _JSON_RESPONSE = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-    + str(len(_COMPLETION)).encode() + b"\r\n\r\n" + _COMPLETION
+    + str(len(_COMPLETION)).encode()
+    + b"\r\n\r\n"
+    + _COMPLETION
 )
 _SSE = _sse_body()
 _SSE_RESPONSE = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
-    + str(len(_SSE)).encode() + b"\r\n\r\n" + _SSE
+    + str(len(_SSE)).encode()
+    + b"\r\n\r\n"
+    + _SSE
 )
 
 

@@ -37,10 +37,17 @@ from tests.fixtures.server import free_port
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
-BODY = json.dumps({"model": "bench", "messages": [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Say hello in a friendly way, please."}],
-    "temperature": 0.2, "max_tokens": 64}).encode()
+BODY = json.dumps(
+    {
+        "model": "bench",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Say hello in a friendly way, please."},
+        ],
+        "temperature": 0.2,
+        "max_tokens": 64,
+    }
+).encode()
 STREAM_BODY = BODY[:-1] + b',"stream":true}'
 
 
@@ -57,8 +64,9 @@ def wait_http(url: str, timeout: float = 60) -> None:
 
 
 def start_upstream(port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["taskset", "-c", "1", PY, "-m", "bench.fake_upstream", str(port)],
-                            cwd=ROOT)
+    return subprocess.Popen(
+        ["taskset", "-c", "1", PY, "-m", "bench.fake_upstream", str(port)], cwd=ROOT
+    )
 
 
 def start_gateway(server: str, config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -66,11 +74,30 @@ def start_gateway(server: str, config: Path, port: int, log: Path) -> subprocess
     if server == "uvicorn":
         cmd = [PY, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     else:
-        cmd = [str(Path(PY).parent / "granian"), "--interface", "asgi", "--factory",
-               "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-               "--loop", "uvloop", "--log-level", "warning", "gateway.asgi:app_from_env"]
-    return subprocess.Popen(["taskset", "-c", "0", *cmd], cwd=ROOT, env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        cmd = [
+            str(Path(PY).parent / "granian"),
+            "--interface",
+            "asgi",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--loop",
+            "uvloop",
+            "--log-level",
+            "warning",
+            "gateway.asgi:app_from_env",
+        ]
+    return subprocess.Popen(
+        ["taskset", "-c", "0", *cmd],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def gateway_process(proc: subprocess.Popen[bytes]) -> psutil.Process:
@@ -88,11 +115,27 @@ def cpu_seconds(process: psutil.Process) -> float:
 def run_wrk(port: int, path: str, seconds: int) -> tuple[float, int]:
     """(requests/s, completed requests) for a closed-loop POST load with 64 connections."""
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
-    script.write_text("wrk.method='POST'\nwrk.headers['Content-Type']='application/json'\n"
-                      f"wrk.body=[[{BODY.decode()}]]\n")
-    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", f"-d{seconds}s", "-s",
-                          str(script), f"http://127.0.0.1:{port}{path}"],
-                         capture_output=True, text=True, check=True).stdout
+    script.write_text(
+        "wrk.method='POST'\nwrk.headers['Content-Type']='application/json'\n"
+        f"wrk.body=[[{BODY.decode()}]]\n"
+    )
+    out = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "1",
+            "wrk",
+            "-t1",
+            "-c64",
+            f"-d{seconds}s",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     script.unlink()
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     done = int(re.search(r"(\d+) requests in", out).group(1))
@@ -101,7 +144,9 @@ def run_wrk(port: int, path: str, seconds: int) -> tuple[float, int]:
     return rps, done
 
 
-async def fixed_rate(port: int, path: str, body: bytes, rate: float, seconds: float) -> list[tuple[float, float]]:
+async def fixed_rate(
+    port: int, path: str, body: bytes, rate: float, seconds: float
+) -> list[tuple[float, float]]:
     """Open-loop Poisson arrivals; returns (first byte, total) seconds for each request."""
     raw = post_request(path, body)
     idle: list[Connection] = [await Connection.open(port) for _ in range(8)]
@@ -135,7 +180,8 @@ def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) 
     config.write_text(
         "logging: {level: info, json: true}\nproviders:\n"
         f"  up: {{type: openai, base_url: 'http://127.0.0.1:{up_port}/v1', api_key_env: BENCH_KEY}}\n"
-        "models:\n  bench: {targets: [{provider: up, model: bench-model}]}\n")
+        "models:\n  bench: {targets: [{provider: up, model: bench-model}]}\n"
+    )
     os.environ["BENCH_KEY"] = "sk-bench"
     port = free_port()
     proc = start_gateway(server, config, port, workdir / f"{server}.log")
@@ -147,24 +193,37 @@ def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) 
         rps, done = run_wrk(port, "/v1/chat/completions", args.seconds)
         cpu_ms = (cpu_seconds(worker) - cpu0) / done * 1000
         plain = asyncio.run(fixed_rate(port, "/v1/chat/completions", BODY, args.rate, args.seconds))
-        streams = asyncio.run(fixed_rate(port, "/v1/chat/completions", STREAM_BODY, args.rate / 3,
-                                         args.seconds / 2))
+        streams = asyncio.run(
+            fixed_rate(port, "/v1/chat/completions", STREAM_BODY, args.rate / 3, args.seconds / 2)
+        )
         rss = worker.memory_info().rss / 2**20
     finally:
         proc.terminate()
         proc.wait(10)
-    return {"rps": rps, "cpu_ms": cpu_ms, "p50": pct([t for _, t in plain], 50),
-            "p99": pct([t for _, t in plain], 99), "ttft50": pct([f for f, _ in streams], 50),
-            "ttft99": pct([f for f, _ in streams], 99), "rss": rss}
+    return {
+        "rps": rps,
+        "cpu_ms": cpu_ms,
+        "p50": pct([t for _, t in plain], 50),
+        "p99": pct([t for _, t in plain], 99),
+        "ttft50": pct([f for f, _ in streams], 50),
+        "ttft99": pct([f for f, _ in streams], 99),
+        "rss": rss,
+    }
 
 
 def floor(up_port: int, args: argparse.Namespace) -> dict[str, float]:
     rps, _ = run_wrk(up_port, "/v1/chat/completions", max(2, args.seconds // 2))
     plain = asyncio.run(fixed_rate(up_port, "/v1/chat/completions", BODY, args.rate, args.seconds))
-    streams = asyncio.run(fixed_rate(up_port, "/v1/chat/completions", STREAM_BODY, args.rate / 3,
-                                     args.seconds / 2))
-    return {"rps": rps, "p50": pct([t for _, t in plain], 50), "p99": pct([t for _, t in plain], 99),
-            "ttft50": pct([f for f, _ in streams], 50), "ttft99": pct([f for f, _ in streams], 99)}
+    streams = asyncio.run(
+        fixed_rate(up_port, "/v1/chat/completions", STREAM_BODY, args.rate / 3, args.seconds / 2)
+    )
+    return {
+        "rps": rps,
+        "p50": pct([t for _, t in plain], 50),
+        "p99": pct([t for _, t in plain], 99),
+        "ttft50": pct([f for f, _ in streams], 50),
+        "ttft99": pct([f for f, _ in streams], 99),
+    }
 
 
 def main() -> None:
@@ -180,16 +239,20 @@ def main() -> None:
     try:
         time.sleep(0.5)
         direct = floor(up_port, args)
-        print(f"direct to upstream: {direct['rps']:.0f} req/s; p50 {direct['p50']:.2f} ms, "
-              f"p99 {direct['p99']:.2f} ms; stream TTFB p50 {direct['ttft50']:.2f} ms")
+        print(
+            f"direct to upstream: {direct['rps']:.0f} req/s; p50 {direct['p50']:.2f} ms, "
+            f"p99 {direct['p99']:.2f} ms; stream TTFB p50 {direct['ttft50']:.2f} ms"
+        )
         with tempfile.TemporaryDirectory() as tmp:
             for server in args.servers.split(","):
                 r = measure(server, up_port, args, Path(tmp))
-                print(f"{server:8s} one core: {r['rps']:.0f} req/s, gateway CPU {r['cpu_ms']:.3f} ms/req, "
-                      f"added latency at {args.rate:.0f} req/s p50 {r['p50'] - direct['p50']:.2f} ms "
-                      f"p99 {r['p99'] - direct['p99']:.2f} ms, added stream TTFB p50 "
-                      f"{r['ttft50'] - direct['ttft50']:.2f} ms p99 {r['ttft99'] - direct['ttft99']:.2f} ms, "
-                      f"RSS {r['rss']:.0f} MiB")
+                print(
+                    f"{server:8s} one core: {r['rps']:.0f} req/s, gateway CPU {r['cpu_ms']:.3f} ms/req, "
+                    f"added latency at {args.rate:.0f} req/s p50 {r['p50'] - direct['p50']:.2f} ms "
+                    f"p99 {r['p99'] - direct['p99']:.2f} ms, added stream TTFB p50 "
+                    f"{r['ttft50'] - direct['ttft50']:.2f} ms p99 {r['ttft99'] - direct['ttft99']:.2f} ms, "
+                    f"RSS {r['rss']:.0f} MiB"
+                )
     finally:
         upstream.terminate()
         upstream.wait(10)

@@ -53,8 +53,30 @@ from local_tier.vllm.process import VllmProcess, VllmSettings, WorkerProcess, fr
 # Short, common words: each is one BPE token after a space, so prompt length moves one token
 # per word while the builder converges on the exact count.
 WORDS = (
-    "the", "cat", "dog", "sun", "red", "blue", "tree", "house", "water", "city", "road", "book",
-    "time", "day", "night", "light", "green", "small", "big", "old", "new", "good", "man", "car",
+    "the",
+    "cat",
+    "dog",
+    "sun",
+    "red",
+    "blue",
+    "tree",
+    "house",
+    "water",
+    "city",
+    "road",
+    "book",
+    "time",
+    "day",
+    "night",
+    "light",
+    "green",
+    "small",
+    "big",
+    "old",
+    "new",
+    "good",
+    "man",
+    "car",
 )
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -86,8 +108,13 @@ async def stream_chat(
 ) -> StreamResult:
     """POST a streaming chat completion and time its chunks."""
     body = {
-        "model": target.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-        "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True},
+        "model": target.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
     }
     res = StreamResult(started=time.perf_counter())
     first = last = 0.0

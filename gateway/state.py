@@ -7,19 +7,13 @@ import os
 import time
 from collections.abc import Mapping
 
-import httpx
 import structlog
 
 from core.config import Config
 from gateway.runtime import Progress, Runtime
+from providers.transport import make_client
 
 _log = structlog.get_logger("switchyard")
-
-
-def make_client() -> httpx.AsyncClient:
-    """One pooled client for every upstream. Timeouts are set per request from the target."""
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600, connect=5), trust_env=False)
 
 
 class GatewayState:

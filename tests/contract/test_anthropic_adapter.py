@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import httpx
 import msgspec
 import pytest
 
@@ -41,6 +40,7 @@ from core.wire import (
     ToolCall,
 )
 from providers.anthropic import AnthropicProvider
+from providers.transport import make_client
 from tests.fixtures.fake_anthropic import FakeAnthropic
 from tests.fixtures.server import resetting_server, serve
 
@@ -74,7 +74,7 @@ def url(served: tuple[FakeAnthropic, str]) -> str:
 @asynccontextmanager
 async def anthropic(base_url: str, api_key: str | None = "sk-ant-test",
                     **config: Any) -> AsyncIterator[AnthropicProvider]:
-    async with httpx.AsyncClient() as client:
+    async with make_client() as client:
         cfg = AnthropicProviderConfig(base_url=base_url, **config)
         yield AnthropicProvider("claude", client, cfg, api_key)
 

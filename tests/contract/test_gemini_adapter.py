@@ -28,6 +28,7 @@ from core.errors import (
 from core.protocols import CallContext, EmbeddingProvider, Provider, Timeouts
 from core.wire import ChatChunk, ChatRequest, EmbeddingRequest, EmbeddingResponse
 from providers.gemini import GeminiProvider
+from providers.transport import AiohttpTransport, make_client
 from tests.fixtures.fake_gemini import API_KEY, JSON_TEXT, TEXT, FakeGemini, fake_vector
 from tests.fixtures.server import resetting_server, serve
 
@@ -78,7 +79,7 @@ def url(served: tuple[FakeGemini, str], fake: FakeGemini) -> str:
 @contextlib.asynccontextmanager
 async def provider(base_url: str, key: str | None = API_KEY) -> AsyncIterator[GeminiProvider]:
     config = GeminiProviderConfig(base_url=base_url, headers={"x-team": "blue"})
-    async with httpx.AsyncClient() as client:
+    async with make_client() as client:
         yield GeminiProvider("gemini", client, config, key)
 
 
@@ -160,7 +161,7 @@ async def test_cached_usage_and_provider_protocols(url: str) -> None:
 
 async def test_models_prefix_and_api_version_shape_the_url(url: str, fake: FakeGemini) -> None:
     config = GeminiProviderConfig(base_url=url + "/", api_version="v1")
-    async with httpx.AsyncClient() as client:
+    async with make_client() as client:
         gemini = GeminiProvider("gemini", client, config, API_KEY)
         await gemini.chat(request(), ctx("models/m-ok"))
     assert fake.requests[0].path == "/v1/models/m-ok:generateContent"
@@ -243,7 +244,7 @@ async def test_closing_the_stream_early_closes_the_upstream_connection(
         opened.append(response)
 
     config = GeminiProviderConfig(base_url=url)
-    async with httpx.AsyncClient(event_hooks={"response": [remember]}) as client:
+    async with httpx.AsyncClient(transport=AiohttpTransport(), event_hooks={"response": [remember]}) as client:
         gemini = GeminiProvider("gemini", client, config, API_KEY)
         gen = gemini.stream_chat(request(stream=True), ctx("m-slow-stream"))
         seen = []

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import anyio
-import httpx
 import msgspec
 import pytest
 
@@ -26,6 +25,7 @@ from core.errors import (
 from core.protocols import CallContext, Timeouts
 from core.wire import ChatRequest, CompletionRequest, EmbeddingRequest, Message, StreamOptions
 from providers.openai import OpenAIProvider
+from providers.transport import make_client
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.server import free_port, resetting_server, serve
 
@@ -48,7 +48,7 @@ def fake(served):
 
 @asynccontextmanager
 async def openai_at(base_url: str, key: str | None = "sk-test") -> AsyncIterator[OpenAIProvider]:
-    async with httpx.AsyncClient() as client:
+    async with make_client() as client:
         yield OpenAIProvider("oa", client, OpenAIProviderConfig(base_url=base_url), key)
 
 
