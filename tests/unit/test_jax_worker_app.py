@@ -184,7 +184,7 @@ def test_metrics_use_vllm_names_and_move(w: Harness):
     for _ in range(2):
         w.client.chat.completions.create(model=MODEL, messages=user(prefix), max_tokens=2)
     after = w.get("/metrics").text
-    labelled = '{model_name="fake-model"}'
+    labelled = '{engine="0",model_name="fake-model"}'
     for name in ("prompt_tokens_total", "generation_tokens_total", "prefix_cache_hits_total",
                  "prefix_cache_queries_total", "e2e_request_latency_seconds_count",
                  "time_to_first_token_seconds_count", "inter_token_latency_seconds_count"):
@@ -192,8 +192,11 @@ def test_metrics_use_vllm_names_and_move(w: Harness):
         assert metric(after, full) > metric(before, full), name
     assert metric(after, f"vllm:num_requests_running{labelled}") == 0
     assert metric(after, f"vllm:kv_cache_usage_perc{labelled}") == 0
-    assert 'vllm:cache_config_info{block_size="16",num_gpu_blocks="64"} 1.0' in after
-    assert 'vllm:request_success_total{finished_reason="length",model_name="fake-model"}' in after
+    assert ('vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",'
+            'num_gpu_blocks="64"} 1.0') in after
+    success = [line for line in after.splitlines()
+               if line.startswith("vllm:request_success_total{") and '"length"' in line]
+    assert len(success) == 1 and float(success[0].rsplit(" ", 1)[1]) >= 2
 
 
 # ---------------------------------------------------------------- lifecycle

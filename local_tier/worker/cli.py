@@ -1,0 +1,86 @@
+"""``python -m local_tier.worker`` (and ``switchyard worker jax``): one JAX engine behind
+vLLM's HTTP API. Flags follow ``vllm serve`` where vLLM has the same knob."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import msgspec
+import uvicorn
+
+from core.config import JaxProviderConfig
+from local_tier.jax.api import EngineProtocol
+from local_tier.provider import open_engine
+from local_tier.worker.app import create_app
+from local_tier.worker.state import WorkerState
+
+log = logging.getLogger("switchyard.worker")
+_DEFAULTS = JaxProviderConfig()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="switchyard worker jax", description=__doc__)
+    p.add_argument("--model", default=None, help="GGUF file (default: bundled SmolLM2-135M)")
+    p.add_argument("--served-model-name", default=_DEFAULTS.served_model_name)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=_DEFAULTS.dtype)
+    p.add_argument("--backend", choices=["auto", "cpu", "gpu", "tpu"], default=_DEFAULTS.backend)
+    p.add_argument("--max-batch-size", "--max-num-seqs", type=int,
+                   default=_DEFAULTS.max_batch_size, dest="max_batch_size")
+    p.add_argument("--max-model-len", type=int, default=_DEFAULTS.max_model_len)
+    p.add_argument("--kv-cache-tokens", type=int, default=_DEFAULTS.kv_cache_tokens)
+    p.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
+    p.add_argument("--compile-cache-dir", default=None)
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> JaxProviderConfig:
+    """The provider config the flags describe, validated like the policy file's."""
+    fields: dict[str, Any] = {
+        "type": "jax",
+        "model_path": args.model,
+        "served_model_name": args.served_model_name,
+        "dtype": args.dtype,
+        "backend": args.backend,
+        "max_batch_size": args.max_batch_size,
+        "max_model_len": args.max_model_len,
+        "kv_cache_tokens": args.kv_cache_tokens,
+        "block_size": args.block_size,
+        "compile_cache_dir": args.compile_cache_dir,
+    }
+    return msgspec.convert(fields, JaxProviderConfig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; returns 1 when the model could not be loaded, else 0
+    (after a signal, uvicorn re-raises it once the app has shut down gracefully)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except msgspec.ValidationError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    failures: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def fatal(exc: BaseException) -> None:
+        failures.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    async def load(cfg: JaxProviderConfig) -> EngineProtocol:
+        return await open_engine(cfg, log.info)
+
+    app = create_app(WorkerState(config, load, on_fatal=fatal))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level,
+        lifespan="on", timeout_graceful_shutdown=5,
+    ))
+    server.run()
+    return 1 if failures else 0
