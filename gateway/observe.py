@@ -22,8 +22,10 @@ def _drop_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
-def configure_logging(config: LoggingConfig) -> None:
-    """JSON lines (or console when ``json: false``) on stdout, filtered at ``level``."""
+def configure_logging(config: LoggingConfig, *, cache: bool = True) -> None:
+    """JSON lines (or console when ``json: false``) on stdout, filtered at ``level``.
+
+    ``cache=False`` keeps loggers re-reading the configuration (tests reconfigure it)."""
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if config.json
@@ -40,6 +42,6 @@ def configure_logging(config: LoggingConfig) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[config.level]),
         logger_factory=structlog.WriteLoggerFactory(file=sys.stdout),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)

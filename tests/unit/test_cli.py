@@ -1,0 +1,57 @@
+"""The command line: --version, check-config exit codes and messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import __version__
+from gateway.cli import main
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"switchyard {__version__}"
+
+
+def test_check_config_ok_and_reports_skipped_providers(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SOME_KEY_FOR_TEST", raising=False)
+    path = tmp_path / "c.yaml"
+    path.write_text("providers:\n  oa: {type: openai, api_key_env: SOME_KEY_FOR_TEST}\n"
+                    "models:\n  m: {targets: [{provider: oa, model: x}]}\n")
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "OK (1 providers, 1 models)" in out
+    assert "oa (needs $SOME_KEY_FOR_TEST)" in out
+
+
+def test_check_config_lists_every_error_and_exits_1(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("providers:\n  a: {type: openai, timeout_s: -1}\n"
+                    "models:\n  m: {targets: [{provider: zz, model: x}]}\n")
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: providers.a.timeout_s:" in err
+    assert f"{path}: models.m.targets[0].provider: unknown provider 'zz'" in err
+
+
+def test_config_path_from_environment(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "env.yaml"
+    path.write_text("models: {}\n")
+    monkeypatch.setenv("SWITCHYARD_CONFIG", str(path))
+    assert main(["check-config"]) == 0
+    assert str(path) in capsys.readouterr().out
+
+
+def test_serve_refuses_an_invalid_config(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("nonsense: 1\n")
+    assert main(["serve", "--config", str(path), "--port", "1"]) == 1
+    assert "nonsense: unknown section" in capsys.readouterr().err
+
+
+def test_unknown_arguments_are_rejected():
+    with pytest.raises(SystemExit) as info:
+        main(["check-config", "a.yaml", "--bogus"])
+    assert info.value.code == 2
