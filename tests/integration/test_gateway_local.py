@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.gateway_harness import Gateway, running_gateway
 
-pytestmark = [pytest.mark.model, pytest.mark.anyio]
+pytestmark = [pytest.mark.model, pytest.mark.anyio, pytest.mark.timeout(900)]
 
 CONFIG = """
 providers:

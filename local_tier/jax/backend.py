@@ -1,0 +1,60 @@
+"""Device selection, XLA flags and the persistent compilation cache.
+
+Import this module before anything imports JAX: XLA reads ``XLA_FLAGS`` once, when its first
+backend starts. ``--xla_cpu_copy_insertion_use_region_analysis=true`` lets XLA:CPU update the
+donated KV cache in place (without it each step copied the cache 2-4 times: 95 ms -> 30 ms per
+step here). A user's own ``XLA_FLAGS`` are left untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+CPU_FLAGS = "--xla_cpu_copy_insertion_use_region_analysis=true"
+if "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = CPU_FLAGS
+
+import jax  # noqa: E402  (must follow the XLA_FLAGS set-up above)
+
+PREFERENCE = ("tpu", "gpu", "cpu")
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "switchyard" / "jax"
+
+
+class BackendError(RuntimeError):
+    """The requested backend is not available in this JAX installation."""
+
+
+def select_device(backend: str = "auto") -> Any:
+    """The first device of ``backend``; ``auto`` takes the best available (tpu > gpu > cpu)."""
+    wanted = PREFERENCE if backend == "auto" else (backend,)
+    errors: list[str] = []
+    for platform in wanted:
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError as exc:  # JAX raises RuntimeError for an absent platform
+            errors.append(f"{platform}: {exc}")
+            continue
+        if devices:
+            return devices[0]
+    hint = {"tpu": "pip install 'jax[tpu]'", "gpu": "pip install 'jax[cuda12]'"}.get(backend, "")
+    raise BackendError(
+        f"No JAX device for backend {backend!r}"
+        + (f" (install it with `{hint}`)" if hint else "")
+        + (f": {'; '.join(errors)}" if errors else "")
+    )
+
+
+def enable_compile_cache(directory: str | None) -> Path | None:
+    """Turn on JAX's persistent compilation cache (None = default dir, "" = off) so that a
+    restarted engine loads its compiled steps instead of recompiling them."""
+    if directory == "":
+        return None
+    path = Path(directory).expanduser() if directory else DEFAULT_CACHE_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    config: Any = jax.config
+    config.update("jax_compilation_cache_dir", str(path))
+    config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path

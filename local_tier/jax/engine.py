@@ -1,0 +1,292 @@
+"""The engine: an asyncio front (``generate``) over a background step loop.
+
+One task runs the loop: take new requests and aborts, plan a step (``scheduler.py``), run it
+on the device in a worker thread (``runner.py``), then sample, detokenize and push outputs to
+each request's queue. All scheduler state is touched only by that task, between device
+steps, so no locks are needed; ``generate`` talks to it through two queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from local_tier.jax import backend  # noqa: F401  (sets XLA_FLAGS before JAX starts)
+from local_tier.jax.api import (
+    EngineConfig,
+    EngineOverloadedError,
+    EngineRequestError,
+    EngineStats,
+    GenerationOutput,
+    GenerationRequest,
+    ProgressFn,
+    SamplingParams,
+)
+from local_tier.jax.detokenizer import IncrementalDetokenizer, StopFilter
+from local_tier.jax.sampling import Sampler
+from local_tier.jax.scheduler import Scheduler, Sequence, StepPlan
+from local_tier.jax.setup import Loaded, load_engine_parts, warmup_shapes
+from local_tier.jax.tokenizer import Tokenizer
+
+
+@dataclass(eq=False)
+class _Request:
+    """Per-request state owned by the step loop."""
+
+    seq: Sequence
+    params: SamplingParams
+    sampler: Sampler
+    detok: IncrementalDetokenizer
+    stops: StopFilter
+    out: asyncio.Queue[GenerationOutput] = field(default_factory=asyncio.Queue)
+    pending_ids: list[int] = field(default_factory=list)  # sampled, text still held back
+    done: bool = False
+
+
+class Engine:
+    """Continuous-batching text generation on one JAX device (see ``api.py``)."""
+
+    def __init__(self, config: EngineConfig, parts: Loaded, progress: ProgressFn | None = None):
+        self.config = config
+        self.tokenizer: Tokenizer = parts.tokenizer
+        self.model_name = parts.model_name
+        self.max_model_len = parts.max_model_len
+        self.device = parts.runner.device
+        self._runner = parts.runner
+        self._sched: Scheduler = parts.scheduler
+        self._eos = frozenset(self.tokenizer.eos_token_ids)
+        self._progress = progress or (lambda _msg: None)
+        self._requests: dict[str, _Request] = {}
+        self._incoming: list[_Request] = []
+        self._aborts: list[str] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._prompt_tokens = 0
+        self._gen_tokens = 0
+        self._finished = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, progress: ProgressFn | None = None) -> Engine:
+        """Load the model, tokenizer and KV cache (no compilation yet: see ``start``)."""
+        return cls(config, load_engine_parts(config, progress or (lambda _m: None)), progress)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Compile the common step shapes (persistent cache makes restarts fast), then start
+        the step loop. Shapes outside the warm-up set compile on first use."""
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        if self.config.warmup:
+            shapes = warmup_shapes(self._runner.buckets, self.config)
+            await asyncio.to_thread(self._runner.warmup, shapes, self._progress)
+        self._task = asyncio.create_task(self._loop(), name="jax-engine-loop")
+
+    async def stop(self) -> None:
+        """Stop the loop; every unfinished request ends with finish_reason "abort"."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for req in list(self._requests.values()) + self._incoming:
+            self._finish(req, "abort")
+        self._incoming.clear()
+
+    # ------------------------------------------------------------------ public API
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Stream outputs for ``req``; see ``api.py`` for the contract."""
+        state = self._admit(req)
+        try:
+            while True:
+                out = await state.out.get()
+                yield out
+                if out.finish_reason is not None:
+                    return
+        finally:
+            if not state.done:
+                self._aborts.append(req.request_id)
+                self._wake.set()
+
+    def stats(self) -> EngineStats:
+        pool, s = self._sched.pool, self._sched
+        return EngineStats(
+            num_requests_running=len(s.running),
+            num_requests_waiting=len(s.waiting) + len(self._incoming),
+            kv_cache_usage_perc=pool.usage(),
+            prefix_cache_queries_total=s.prefix_queries,
+            prefix_cache_hits_total=s.prefix_hits,
+            prompt_tokens_total=self._prompt_tokens,
+            generation_tokens_total=self._gen_tokens,
+            block_size=pool.block_size,
+            num_blocks=pool.num_blocks,
+            num_preemptions_total=s.num_preemptions,
+            requests_finished_total=self._finished,
+        )
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, req: GenerationRequest) -> _Request:
+        if self._task is None:
+            raise RuntimeError("engine is not started (await engine.start())")
+        max_tokens = self._validate(req)
+        if len(self._sched.waiting) + len(self._incoming) >= self.config.max_waiting:
+            raise EngineOverloadedError(
+                f"{self.config.max_waiting} requests are already waiting; try again later"
+            )
+        seq = Sequence(req.request_id, list(req.prompt_token_ids), max_tokens)
+        state = _Request(
+            seq,
+            req.params,
+            Sampler(req.params),
+            IncrementalDetokenizer(self.tokenizer.decode),
+            StopFilter(req.params.stop),
+        )
+        self._requests[req.request_id] = state
+        self._incoming.append(state)
+        self._wake.set()
+        return state
+
+    def _validate(self, req: GenerationRequest) -> int:
+        """Raise ``EngineRequestError`` for anything that can never run; return max_tokens."""
+        p, n = req.params, len(req.prompt_token_ids)
+        if req.request_id in self._requests:
+            raise EngineRequestError(
+                f"request id {req.request_id!r} is already running", "request_id"
+            )
+        if n == 0:
+            raise EngineRequestError("the prompt is empty", "prompt")
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in req.prompt_token_ids):
+            raise EngineRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        _check_sampling(p)
+        limit = min(self.max_model_len, self._sched.pool.num_blocks * self._sched.pool.block_size)
+        if n >= limit:
+            raise EngineRequestError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"has {n} tokens, which leaves no room for the completion.",
+                "messages",
+                code="context_length_exceeded",
+            )
+        if p.max_tokens is None:
+            return limit - n
+        if n + p.max_tokens > limit:
+            raise EngineRequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{n + p.max_tokens} tokens ({n} in the prompt, {p.max_tokens} for the "
+                f"completion). Please reduce the prompt or max_tokens.",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
+        return p.max_tokens
+
+    # ------------------------------------------------------------------ the loop
+    async def _loop(self) -> None:
+        while True:
+            self._take_incoming()
+            plan = self._sched.schedule()
+            if plan is None:
+                self._wake.clear()
+                if not (self._incoming or self._aborts):
+                    await self._wake.wait()
+                continue
+            batch = self._runner.prepare(plan)
+            greedy = all(self._rows_greedy(plan))
+            ids, logits = await asyncio.to_thread(self._runner.execute, batch, not greedy)
+            self._apply(plan, ids, logits)
+            await asyncio.sleep(0)  # let consumers and new requests in between steps
+
+    def _take_incoming(self) -> None:
+        for rid in self._aborts:
+            req = self._requests.get(rid)
+            if req is not None:
+                self._finish(req, "abort")
+        self._aborts.clear()
+        for req in self._incoming:
+            if not req.done:
+                self._sched.add(req.seq)
+                self._prompt_tokens += len(req.seq.prompt_ids)
+        self._incoming.clear()
+
+    def _rows_greedy(self, plan: StepPlan) -> list[bool]:
+        seqs = plan.decode if plan.kind == "decode" else [i.seq for i in plan.prefill if i.sample]
+        return [self._requests[s.request_id].sampler.greedy for s in seqs]
+
+    def _apply(self, plan: StepPlan, ids: Any, logits: Any) -> None:
+        if plan.kind == "decode":
+            for row, seq in enumerate(plan.decode):
+                self._sched.computed(seq, 1)
+                self._sampled(seq, row, ids, logits)
+            return
+        for row, item in enumerate(plan.prefill):
+            self._sched.computed(item.seq, item.length)
+            if item.sample:
+                self._sampled(item.seq, row, ids, logits)
+
+    def _sampled(self, seq: Sequence, row: int, ids: Any, logits: Any) -> None:
+        req = self._requests.get(seq.request_id)
+        if req is None or req.done:
+            return
+        token = int(ids[row]) if req.sampler.greedy else req.sampler.sample(logits[row])
+        seq.output_ids.append(token)
+        self._gen_tokens += 1
+        self._emit(req, token)
+
+    def _emit(self, req: _Request, token: int) -> None:
+        seq, reason = req.seq, None
+        if token in self._eos and not req.params.ignore_eos:
+            reason, text = "stop", req.stops.push(req.detok.flush())
+        else:
+            text = req.stops.push(req.detok.push([token]))
+            if req.stops.stopped:
+                reason = "stop"
+            elif len(seq.output_ids) >= seq.max_tokens:
+                reason, text = "length", text + req.stops.push(req.detok.flush())
+        if reason is not None:
+            text += req.stops.flush()
+            self._finish(req, reason, text, [token])
+        elif text:
+            req.out.put_nowait(self._output(req, text, [token], None))
+        else:
+            req.pending_ids.append(token)
+
+    def _output(
+        self, req: _Request, text: str, ids: list[int], reason: str | None
+    ) -> GenerationOutput:
+        held, req.pending_ids = req.pending_ids, []
+        seq = req.seq
+        return GenerationOutput(
+            text=text,
+            token_ids=held + ids,
+            finish_reason=reason,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            cached_tokens=seq.num_cached,
+        )
+
+    def _finish(
+        self, req: _Request, reason: str, text: str = "", ids: list[int] | None = None
+    ) -> None:
+        if req.done:
+            return
+        req.done = True
+        self._sched.finish(req.seq)
+        self._requests.pop(req.seq.request_id, None)
+        self._finished += 1
+        req.out.put_nowait(self._output(req, text, ids or [], reason))
+
+
+def _check_sampling(p: SamplingParams) -> None:
+    if not (math.isfinite(p.temperature) and p.temperature >= 0):
+        raise EngineRequestError("temperature must be a finite number >= 0", "temperature")
+    if not (math.isfinite(p.top_p) and 0 < p.top_p <= 1):
+        raise EngineRequestError("top_p must be in (0, 1]", "top_p")
+    if p.top_k < 0:
+        raise EngineRequestError("top_k must be >= 0 (0 disables it)", "top_k")
+    if p.max_tokens is not None and p.max_tokens < 1:
+        raise EngineRequestError("max_tokens must be >= 1", "max_tokens")
+    if any(not isinstance(s, str) or not s for s in p.stop):
+        raise EngineRequestError("stop strings must be non-empty strings", "stop")

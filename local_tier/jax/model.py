@@ -1,0 +1,300 @@
+"""The Llama forward pass in JAX over a paged KV cache: one jit-compiled step for prefill and
+decode alike.
+
+``step`` runs ``B`` sequences of ``T`` new tokens each (decode: ``T = 1``; prefill: ``B`` prompt
+chunks of up to ``T`` tokens) against each sequence's cached context of up to ``P`` tokens,
+gathered from the paged cache by block table. Shapes are bucketed by the caller (``runner.py``).
+
+Layout choices, each measured on XLA:CPU (see docs/local_tier_jax.md):
+
+- Q and K are un-permuted at load (llama.cpp's converter interleaves them for its RoPE), so the
+  model uses split-half RoPE; the reference forward (``reference.py``) instead keeps the file's
+  order with interleaved RoPE, which cross-checks the un-permutation.
+- The embedding is stored once, transposed ``(d_model, vocab)``: the logits are ``h @ E^T``
+  without XLA copying a transpose every step, and the lookup gathers columns.
+- QKV and gate/up are fused into one matrix each (fewer, larger matmuls).
+- Weights may be bf16; activations and accumulation stay fp32 (``preferred_element_type``).
+- The cache is one array per K and V, ``(n_layers * n_blocks, kv_heads, block_size,
+  head_dim)`` (paged, head-major inside a block): a row's context is gathered block by block
+  straight into the (B, kv_heads, P, head_dim) layout the attention matmuls want. Attention
+  reads the old context plus the step's new K/V, and only after all layers are done are the
+  new K/V written back with one scatter. Reading before writing lets XLA update the donated
+  cache in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from local_tier.jax.gguf_loader import GGUFModel, HParams
+
+F32 = jnp.float32
+NEG = float(np.finfo(np.float32).min)  # masked score: exp() underflows to 0, no inf - inf
+Arr = Any  # a jax.Array on the device, or the numpy array it is built from on the host
+
+
+class LayerWeights(NamedTuple):
+    """One transformer block's weights (matrices in ``(in, out)`` order)."""
+
+    attn_norm: Arr  # (d_model,) fp32
+    ffn_norm: Arr  # (d_model,) fp32
+    w_qkv: Arr  # (d_model, (H + 2 * Hkv) * hd)
+    w_o: Arr  # (H * hd, d_model)
+    w_gu: Arr  # (d_model, 2 * d_ff)
+    w_down: Arr  # (d_ff, d_model)
+
+
+class Weights(NamedTuple):
+    """Device weights in the engine's layout.
+
+    Layers are separate arrays, not one stacked array: slicing layer ``i`` out of a stacked
+    parameter made XLA:CPU copy the slice before every matmul (10x slower decode).
+    """
+
+    emb_t: Arr  # (d_model, vocab)
+    out_norm: Arr  # (d_model,) fp32
+    layers: tuple[LayerWeights, ...]
+
+
+class StepInputs(NamedTuple):
+    """One step's int32 inputs; padding rows/tokens point at the scratch block 0."""
+
+    tokens: Arr  # (B, T) token ids
+    positions: Arr  # (B, T) absolute positions
+    n_new: Arr  # (B,) valid new tokens per row (0 for a padding row)
+    ctx_blocks: Arr  # (B, P // block_size) block table of the context
+    ctx_len: Arr  # (B,) valid context tokens per row
+    write_blocks: Arr  # (B, T) block of each new token's K/V
+    write_offsets: Arr  # (B, T) position inside that block
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Static facts the compiled step closes over."""
+
+    hp: HParams
+    n_blocks: int  # cache blocks per layer, scratch block 0 included
+    block_size: int
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head row interleave of Q/K (out, in): interleaved -> split-half."""
+    out, inp = w.shape
+    hd = out // n_heads
+    return w.reshape(n_heads, hd // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def pack_weights(model: GGUFModel, dtype: Any) -> Weights:
+    """Arrange the file's tensors into ``Weights`` (numpy, on the host)."""
+    hp, t = model.hparams, model.tensors
+
+    def layer(i: int, name: str) -> np.ndarray:
+        return t[f"blk.{i}.{name}.weight"]
+
+    def block(i: int) -> LayerWeights:
+        q = unpermute_qk(layer(i, "attn_q"), hp.n_heads)
+        k = unpermute_qk(layer(i, "attn_k"), hp.n_kv_heads)
+        qkv = np.concatenate([q, k, layer(i, "attn_v")], axis=0).T
+        gu = np.concatenate([layer(i, "ffn_gate"), layer(i, "ffn_up")], axis=0).T
+        return LayerWeights(
+            attn_norm=layer(i, "attn_norm").astype(np.float32),
+            ffn_norm=layer(i, "ffn_norm").astype(np.float32),
+            w_qkv=np.ascontiguousarray(qkv).astype(dtype),
+            w_o=np.ascontiguousarray(layer(i, "attn_output").T).astype(dtype),
+            w_gu=np.ascontiguousarray(gu).astype(dtype),
+            w_down=np.ascontiguousarray(layer(i, "ffn_down").T).astype(dtype),
+        )
+
+    emb = t.get("output.weight", t["token_embd.weight"])  # tied unless the file has its own
+    return Weights(
+        emb_t=np.ascontiguousarray(emb.T).astype(dtype),
+        out_norm=t["output_norm.weight"].astype(np.float32),
+        layers=tuple(block(i) for i in range(hp.n_layers)),
+    )
+
+
+def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=F32)
+
+
+def _rms(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x: jax.Array, pos: jax.Array, base: float) -> jax.Array:
+    """Split-half RoPE on (B, T, heads, hd) at positions (B, T)."""
+    half = x.shape[-1] // 2
+    inv = base ** (-jnp.arange(half, dtype=F32) / half)
+    ang = pos.astype(F32)[..., None, None] * inv  # (B, T, 1, half)
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _scores(qh: jax.Array, k: jax.Array) -> jax.Array:
+    """(B, Hkv, G*T, hd) x (B, Hkv, keys, hd) -> (B, Hkv, G*T, keys), fp32."""
+    dims = (((3,), (3,)), ((0, 1), (0, 1)))
+    return jax.lax.dot_general(qh.astype(k.dtype), k, dims, preferred_element_type=F32)
+
+
+def _mix(e: jax.Array, v: jax.Array) -> jax.Array:
+    """(B, Hkv, G*T, keys) x (B, Hkv, keys, hd) -> (B, Hkv, G*T, hd), fp32."""
+    dims = (((3,), (2,)), ((0, 1), (0, 1)))
+    return jax.lax.dot_general(e.astype(v.dtype), v, dims, preferred_element_type=F32)
+
+
+def _new_token_mask(inp: StepInputs, t: int, g: int) -> jax.Array:
+    """(B, 1, G*T, T): query row g*T + i may see new key j iff j <= i < n_new."""
+    idx = jnp.arange(t)
+    ok = (idx[None, :] <= idx[:, None])[None] & (idx < inp.n_new[:, None])[:, None]
+    return jnp.tile(ok, (1, g, 1))[:, None]
+
+
+def _attention(
+    q: jax.Array,
+    k_ctx: jax.Array,
+    v_ctx: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    inp: StepInputs,
+) -> jax.Array:
+    """Softmax attention of q (B,T,Hkv,G,hd) over the context (B,Hkv,P,hd) and the step's own
+    keys (B,Hkv,T,hd), causal among the new tokens. Returns (B, T, Hkv*G*hd).
+
+    Everything is head-major with (B, Hkv) as batch dimensions of ``dot_general``: XLA:CPU
+    runs that as a few batched matmuls, while the same einsum on (B, P, Hkv, hd) operands
+    transposed them first (3.5x slower)."""
+    b, t, hkv, g, hd = q.shape
+    qh = q.transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, hd) * (1.0 / np.sqrt(hd))
+    s_new = jnp.where(_new_token_mask(inp, t, g), _scores(qh, k_new), NEG)
+    m = s_new.max(-1, keepdims=True)
+    has_ctx = k_ctx.shape[2] > 0
+    if has_ctx:
+        ctx_ok = (jnp.arange(k_ctx.shape[2])[None, :] < inp.ctx_len[:, None])[:, None, None]
+        s_ctx = jnp.where(ctx_ok, _scores(qh, k_ctx), NEG)
+        m = jnp.maximum(m, s_ctx.max(-1, keepdims=True))
+    e_new = jnp.exp(s_new - m)
+    denom = e_new.sum(-1, keepdims=True)
+    o = _mix(e_new, v_new)
+    if has_ctx:
+        e_ctx = jnp.exp(s_ctx - m)
+        denom = denom + e_ctx.sum(-1, keepdims=True)
+        o = o + _mix(e_ctx, v_ctx)
+    o = (o / denom).reshape(b, hkv, g, t, hd).transpose(0, 3, 1, 2, 4)
+    return o.reshape(b, t, hkv * g * hd)
+
+
+def _logical(cache: jax.Array) -> Any:
+    """The dtype a cache holds: bf16 caches are stored as uint16 bit patterns, because
+    XLA:CPU widens a bf16 scatter to f32 and so copied the whole cache twice per step."""
+    return jnp.bfloat16 if cache.dtype == jnp.uint16 else cache.dtype
+
+
+def _to_cache(x: jax.Array, cache: jax.Array) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if cache.dtype == jnp.uint16 else x
+
+
+def _gather_context(spec: ModelSpec, cache: jax.Array, blocks: jax.Array, layer: int) -> jax.Array:
+    """The context of each row, (B, Hkv, P, hd), from cache (L*n_blocks, Hkv, bs, hd).
+
+    Whole blocks are gathered (take with mode="clip" skips the bounds fix-up of indexing):
+    XLA:CPU gathers big slices several times faster than single tokens."""
+    b, nb = blocks.shape
+    g = jnp.take(cache, blocks + layer * spec.n_blocks, axis=0, mode="clip")
+    if cache.dtype == jnp.uint16:
+        g = jax.lax.bitcast_convert_type(g, jnp.bfloat16)
+    hkv, bs, hd = cache.shape[1:]
+    return jnp.swapaxes(g, 1, 2).reshape(b, hkv, nb * bs, hd)
+
+
+def _layer(
+    spec: ModelSpec,
+    w: LayerWeights,
+    i: int,
+    x: jax.Array,
+    inp: StepInputs,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    hp = spec.hp
+    b, t, _ = x.shape
+    nh, nkv, hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
+    h = _rms(x, w.attn_norm, hp.rms_eps)
+    qkv = _dot(h, w.w_qkv)
+    q = qkv[..., : nh * hd].reshape(b, t, nh, hd)
+    k = qkv[..., nh * hd : (nh + nkv) * hd].reshape(b, t, nkv, hd)
+    v = qkv[..., (nh + nkv) * hd :].reshape(b, t, nkv, hd)
+    q = _rope(q, inp.positions, hp.rope_base).reshape(b, t, nkv, nh // nkv, hd)
+    k = _rope(k, inp.positions, hp.rope_base)
+    # New K/V rounded to the cache dtype before use, so a token attends to identical keys
+    # whether they come from this step or, later, from the cache.
+    k_c, v_c = k.astype(_logical(k_cache)), v.astype(_logical(v_cache))
+    k_ctx = _gather_context(spec, k_cache, inp.ctx_blocks, i)
+    v_ctx = _gather_context(spec, v_cache, inp.ctx_blocks, i)
+    o = _attention(q, k_ctx, v_ctx, k_c.swapaxes(1, 2), v_c.swapaxes(1, 2), inp)
+    x = x + _dot(o, w.w_o)
+    h = _rms(x, w.ffn_norm, hp.rms_eps)
+    gu = _dot(h, w.w_gu)
+    gate, up = gu[..., : hp.d_ff], gu[..., hp.d_ff :]
+    x = x + _dot(jax.nn.silu(gate) * up, w.w_down)
+    return x, k_c, v_c
+
+
+def forward(
+    spec: ModelSpec,
+    w: Weights,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    inp: StepInputs,
+    logit_index: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Run one step. Returns logits (B, vocab) fp32 of token ``logit_index[b]`` of each row,
+    and the caches with the step's K/V written at ``write_blocks``/``write_offsets``."""
+    hp = spec.hp
+    b, t = inp.tokens.shape
+    x = jnp.take(w.emb_t, inp.tokens.reshape(-1), axis=1).T.astype(F32).reshape(b, t, -1)
+    new_k, new_v = [], []
+    for i in range(hp.n_layers):
+        x, k, v = _layer(spec, w.layers[i], i, x, inp, k_cache, v_cache)
+        new_k.append(k)
+        new_v.append(v)
+    last = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]
+    logits = _dot(_rms(last, w.out_norm, hp.rms_eps), w.emb_t)
+    # All layers' new K/V in one scatter per cache, after every read of the old cache.
+    offs = (jnp.arange(hp.n_layers, dtype=jnp.int32) * spec.n_blocks)[:, None, None]
+    blk = (inp.write_blocks[None] + offs).reshape(-1)
+    pos = jnp.broadcast_to(inp.write_offsets[None], (hp.n_layers, b, t)).reshape(-1)
+    shape = (-1, hp.n_kv_heads, hp.head_dim)
+    k_cache = k_cache.at[blk, :, pos, :].set(_to_cache(jnp.stack(new_k), k_cache).reshape(shape))
+    v_cache = v_cache.at[blk, :, pos, :].set(_to_cache(jnp.stack(new_v), v_cache).reshape(shape))
+    return logits, k_cache, v_cache
+
+
+def make_step(spec: ModelSpec) -> Any:
+    """The jitted step ``(w, k_cache, v_cache, inp, logit_index) -> (logits, argmax, k, v)``;
+    the caches are donated (updated in place)."""
+
+    def step(
+        w: Weights, k_cache: jax.Array, v_cache: jax.Array, inp: StepInputs, li: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        logits, k_cache, v_cache = forward(spec, w, k_cache, v_cache, inp, li)
+        return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), k_cache, v_cache
+
+    return jax.jit(step, donate_argnums=(1, 2))
+
+
+def new_cache(spec: ModelSpec, dtype: Any, device: Any = None) -> tuple[jax.Array, jax.Array]:
+    """Zeroed K and V caches, (n_layers * n_blocks, kv_heads, block_size, head_dim) each;
+    block 0 of every layer is scratch for padding."""
+    hp = spec.hp
+    shape = (hp.n_layers * spec.n_blocks, hp.n_kv_heads, spec.block_size, hp.head_dim)
+    if jnp.dtype(dtype) == jnp.bfloat16:
+        dtype = jnp.uint16  # see _logical
+    k = jnp.zeros(shape, dtype, device=device)
+    v = jnp.zeros(shape, dtype, device=device)
+    return k, v

@@ -1,0 +1,153 @@
+"""Turns a ``StepPlan`` into padded device inputs, runs the compiled step, returns logits.
+
+Owns the device state: weights and the two KV cache arrays (donated to every step, so XLA
+updates them in place). ``prepare`` (host, cheap) and ``execute`` (device) are separate so the
+engine can run ``execute`` in a worker thread while its event loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from local_tier.jax import model as M
+from local_tier.jax.buckets import Buckets, round_up
+from local_tier.jax.scheduler import Sequence, StepPlan
+
+I32 = np.int32
+
+
+@dataclass
+class Batch:
+    """Host arrays for one step, plus which rows need their logits sampled."""
+
+    inputs: M.StepInputs
+    logit_index: np.ndarray
+    rows: int  # real rows (the rest is padding)
+
+
+class Runner:
+    """Device weights + KV cache + the compiled step.
+
+    ``prefill_weights`` (optional) serve prefill steps: on a CPU without native bf16, XLA's
+    bf16 matmuls are 1.5x faster than fp32 for few-row decode (half the bytes) but 1.5x slower
+    for many-row prefill (conversion-bound), so the CPU default keeps an fp32 copy for prefill.
+    """
+
+    def __init__(
+        self,
+        spec: M.ModelSpec,
+        weights: M.Weights,
+        kv_dtype: Any,
+        buckets: Buckets,
+        device: Any,
+        prefill_weights: M.Weights | None = None,
+    ) -> None:
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.buckets = buckets
+        self.device = device
+        self.weights = jax.device_put(weights, device)
+        self.prefill_weights = (
+            self.weights if prefill_weights is None else jax.device_put(prefill_weights, device)
+        )
+        self.k_cache, self.v_cache = M.new_cache(spec, kv_dtype, device)
+        self._step = M.make_step(spec)
+
+    def _blocks(self, seq: Sequence, n_tokens: int, width: int) -> np.ndarray:
+        """The block table covering the first ``n_tokens`` of ``seq``, padded to ``width``
+        entries with the scratch block 0."""
+        out = np.zeros(width, I32)
+        used = -(-n_tokens // self.block_size)
+        out[:used] = seq.blocks[:used]
+        return out
+
+    def _where(self, seq: Sequence, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block, offset) of positions ``start..stop-1`` of ``seq``."""
+        pos = np.arange(start, stop)
+        return np.asarray(seq.blocks, I32)[pos // self.block_size], (pos % self.block_size)
+
+    def prepare(self, plan: StepPlan) -> Batch:
+        if plan.kind == "decode":
+            return self._prepare_decode(plan.decode)
+        return self._prepare_prefill(plan)
+
+    def _prepare_decode(self, seqs: list[Sequence]) -> Batch:
+        b = round_up(len(seqs), self.buckets.decode_batch)
+        p = round_up(max(s.num_computed for s in seqs), self.buckets.context)
+        arrs = _zeros(b, 1, p // self.block_size)
+        for r, s in enumerate(seqs):
+            n = s.num_computed
+            arrs["tokens"][r, 0] = s.all_ids[n]
+            arrs["positions"][r, 0] = n
+            arrs["n_new"][r] = 1
+            arrs["ctx_blocks"][r] = self._blocks(s, n, p // self.block_size)
+            arrs["ctx_len"][r] = n
+            arrs["write_blocks"][r], arrs["write_offsets"][r] = self._where(s, n, n + 1)
+        return Batch(M.StepInputs(**arrs), np.zeros(b, I32), len(seqs))
+
+    def _prepare_prefill(self, plan: StepPlan) -> Batch:
+        items = plan.prefill
+        b = round_up(len(items), self.buckets.prefill_rows)
+        t = round_up(max(i.length for i in items), self.buckets.prefill_len)
+        p = round_up(max(i.start for i in items), self.buckets.prefill_ctx)
+        arrs = _zeros(b, t, p // self.block_size)
+        last = np.zeros(b, I32)
+        for r, it in enumerate(items):
+            s, n, end = it.seq, it.length, it.start + it.length
+            arrs["tokens"][r, :n] = s.all_ids[it.start : end]
+            arrs["positions"][r] = np.arange(it.start, it.start + t)
+            arrs["n_new"][r] = n
+            arrs["ctx_blocks"][r] = self._blocks(s, it.start, p // self.block_size)
+            arrs["ctx_len"][r] = it.start
+            arrs["write_blocks"][r, :n], arrs["write_offsets"][r, :n] = self._where(
+                s, it.start, end
+            )
+            last[r] = n - 1
+        return Batch(M.StepInputs(**arrs), last, len(items))
+
+    def execute(self, batch: Batch, want_logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Run the step; returns (argmax ids (rows,), logits (rows, vocab) or empty)."""
+        inputs = jax.device_put(batch.inputs, self.device)
+        li = jax.device_put(batch.logit_index, self.device)
+        w = self.weights if batch.inputs.tokens.shape[1] == 1 else self.prefill_weights
+        logits, top, self.k_cache, self.v_cache = self._step(
+            w, self.k_cache, self.v_cache, inputs, li
+        )
+        ids = np.asarray(top)[: batch.rows]
+        out = np.asarray(logits)[: batch.rows] if want_logits else np.empty((0, 0), np.float32)
+        return ids, out
+
+    def warmup(self, shapes: list[tuple[int, int, int]], progress: Callable[[str], None]) -> None:
+        """Compile (or load from the persistent cache) each (batch, new tokens, context) shape
+        by running it once on scratch slots."""
+        for b, t, p in shapes:
+            t0 = time.perf_counter()
+            arrs = _zeros(b, t, p // self.block_size)
+            arrs["n_new"][:] = t
+            self.execute(Batch(M.StepInputs(**arrs), np.zeros(b, I32), b), want_logits=False)
+            progress(f"compiled step B={b} T={t} ctx={p} in {time.perf_counter() - t0:.1f}s")
+
+
+def _zeros(b: int, t: int, nb: int) -> dict[str, np.ndarray]:
+    """Padding everywhere: token 0 written to the scratch block 0, no context."""
+    return {
+        "tokens": np.zeros((b, t), I32),
+        "positions": np.zeros((b, t), I32),
+        "n_new": np.zeros(b, I32),
+        "ctx_blocks": np.zeros((b, nb), I32),
+        "ctx_len": np.zeros(b, I32),
+        "write_blocks": np.zeros((b, t), I32),
+        "write_offsets": np.zeros((b, t), I32),
+    }
+
+
+def device_dtype(name: str) -> Any:
+    """``"float32"`` / ``"bfloat16"`` -> the jnp dtype."""
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]

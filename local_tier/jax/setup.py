@@ -1,0 +1,122 @@
+"""Building an engine's parts from ``EngineConfig``: model, tokenizer, cache, scheduler."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from local_tier.jax import backend
+from local_tier.jax import model as M
+from local_tier.jax.api import EngineConfig, EngineRequestError, ProgressFn
+from local_tier.jax.buckets import Buckets
+from local_tier.jax.gguf_loader import load_gguf
+from local_tier.jax.kv_cache import BlockPool
+from local_tier.jax.runner import Runner, device_dtype
+from local_tier.jax.scheduler import Scheduler
+from local_tier.jax.tokenizer import Tokenizer
+
+
+@dataclass
+class Loaded:
+    tokenizer: Tokenizer
+    runner: Runner
+    scheduler: Scheduler
+    model_name: str
+    max_model_len: int
+
+
+def check_config(c: EngineConfig) -> None:
+    """Reject settings that cannot work, naming the field."""
+    positive = (
+        "max_batch_size",
+        "max_model_len",
+        "kv_cache_tokens",
+        "block_size",
+        "max_waiting",
+        "prefill_chunk_tokens",
+    )
+    for name in positive:
+        if getattr(c, name) < 1:
+            raise ValueError(f"EngineConfig.{name} must be >= 1")
+    if c.kv_cache_tokens < 2 * c.block_size:
+        raise ValueError("EngineConfig.kv_cache_tokens must hold at least two blocks")
+
+
+def model_name_for(path: str, fallback: str) -> str:
+    """``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``."""
+    stem = re.sub(r"\.gguf$", "", path.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    stem = re.sub(r"[.-](Q\d\w*|F16|F32|BF16|IQ\w+)$", "", stem, flags=re.IGNORECASE)
+    return stem or fallback
+
+
+def prefill_dtype(config: EngineConfig, platform: str) -> str:
+    """Weights for prefill steps: as configured, else fp32 on CPU (see ``Runner``)."""
+    if config.prefill_dtype is not None:
+        return config.prefill_dtype
+    return "float32" if platform == "cpu" else config.dtype
+
+
+def make_buckets(config: EngineConfig, max_len: int, platform: str) -> Buckets:
+    """The compiled shapes for this config (see ``buckets.py``)."""
+    # bf16 matmuls with a single row take a slow path on XLA:CPU: decode at least two rows.
+    min_batch = 2 if (config.dtype == "bfloat16" and platform == "cpu") else 1
+    buckets = Buckets.build(
+        config.max_batch_size, max_len, config.prefill_chunk_tokens, min_batch, config.block_size
+    ).override(
+        config.decode_batch_buckets,
+        config.prefill_row_buckets,
+        config.prefill_len_buckets,
+        config.context_buckets,
+    )
+    if any(p % config.block_size for p in (*buckets.context, *buckets.prefill_ctx)):
+        raise ValueError("EngineConfig: context buckets must be multiples of block_size")
+    return buckets
+
+
+def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
+    check_config(config)
+    t0 = time.perf_counter()
+    device = backend.select_device(config.backend)
+    cache_dir = backend.enable_compile_cache(config.compile_cache_dir)
+    progress(f"JAX device: {device.platform} ({device}); compile cache: {cache_dir or 'off'}")
+    gguf = load_gguf(config.model_path)
+    progress(
+        f"read {gguf.path.name} ({gguf.hparams.n_layers} layers) in {time.perf_counter() - t0:.1f}s"
+    )
+    tokenizer = Tokenizer(gguf.tokenizer)
+    max_len = min(config.max_model_len, gguf.hparams.context_length)
+    bs = config.block_size
+    num_blocks = config.kv_cache_tokens // bs
+    spec = M.ModelSpec(gguf.hparams, num_blocks + 1, bs)  # + block 0: scratch
+    buckets = make_buckets(config, max_len, device.platform)
+    weights = M.pack_weights(gguf, device_dtype(config.dtype))
+    pre_dtype = prefill_dtype(config, device.platform)
+    pre = None if pre_dtype == config.dtype else M.pack_weights(gguf, device_dtype(pre_dtype))
+    kv_dtype = device_dtype(config.kv_dtype or config.dtype)
+    runner = Runner(spec, weights, kv_dtype, buckets, device, pre)
+    del weights, pre, gguf
+    scheduler = Scheduler(
+        BlockPool(num_blocks, bs), buckets, config.max_batch_size, config.prefill_chunk_tokens
+    )
+    name = config.model_name or model_name_for(
+        config.model_path or "SmolLM2-135M-Instruct", "local-model"
+    )
+    progress(
+        f"model {name} ready on {device.platform} in {time.perf_counter() - t0:.1f}s "
+        f"(weights {config.dtype}, prefill {pre_dtype}, KV cache {num_blocks} x {bs} tokens)"
+    )
+    return Loaded(tokenizer, runner, scheduler, name, max_len)
+
+
+def warmup_shapes(buckets: Buckets, config: EngineConfig) -> list[tuple[int, int, int]]:
+    """The shapes worth compiling before serving: decode for every batch bucket at short
+    contexts (<= 256), and single-prompt prefill chunks without context."""
+    del config
+    ctx = [p for p in buckets.context if 0 < p <= 256]
+    decode = [(b, 1, p) for b in buckets.decode_batch for p in ctx]
+    prefill = [(1, t, 0) for t in buckets.prefill_len]
+    return prefill + decode
+
+
+__all__ = ["EngineRequestError", "Loaded", "check_config", "load_engine_parts", "warmup_shapes"]
