@@ -7,6 +7,7 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
+import msgspec
 import structlog
 
 from core.config import LoggingConfig
@@ -22,12 +23,17 @@ def _drop_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+def _encode_line(event: Any, **_: Any) -> str:
+    return msgspec.json.encode(event, enc_hook=str).decode()
+
+
 def configure_logging(config: LoggingConfig, *, cache: bool = True) -> None:
     """JSON lines (or console when ``json: false``) on stdout, filtered at ``level``.
 
     ``cache=False`` keeps loggers re-reading the configuration (tests reconfigure it)."""
+    # msgspec encodes a log line several times faster than the stdlib json module.
     renderer: Any = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=_encode_line)
         if config.json
         else structlog.dev.ConsoleRenderer(colors=False)
     )

@@ -92,12 +92,19 @@ class Executor:
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, ProviderError) and exc.retry_after is not None:
             return float(exc.retry_after)
-        base: float = self._config.retry_backoff_s * 2.0 ** (state.attempt_number - 1)
+        # attempt_number counts the retries after the plain first attempt.
+        base: float = self._config.retry_backoff_s * 2.0 ** state.attempt_number
         return base * (0.5 + self._jitter())
 
-    def _retrying(self) -> AsyncRetrying:
+    def _first_wait(self, exc: ProviderError) -> float:
+        if exc.retry_after is not None:
+            return float(exc.retry_after)
+        return self._config.retry_backoff_s * (0.5 + self._jitter())
+
+    def _retrying(self, remaining: int | None = None) -> AsyncRetrying:
+        attempts = remaining or self._config.max_attempts_per_target
         return AsyncRetrying(
-            stop=stop_after_attempt(self._config.max_attempts_per_target),
+            stop=stop_after_attempt(attempts),
             retry=retry_if_exception(self._should_retry),
             wait=self._wait,
             sleep=self._sleep,
@@ -128,20 +135,34 @@ class Executor:
     async def _call_target(
         self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace
     ) -> T:
-        async for attempt in self._retrying():
+        """One attempt at once; tenacity takes over only when it failed retryably, so the
+        common path pays nothing for the retry machinery."""
+        try:
+            return await self._attempt(target, call, trace)
+        except ProviderError as exc:
+            if not self._should_retry(exc) or self._config.max_attempts_per_target < 2:
+                raise
+            await self._sleep(self._first_wait(exc))
+        async for attempt in self._retrying(remaining=self._config.max_attempts_per_target - 1):
             with attempt:
-                try:
-                    async with asyncio.timeout(target.timeouts.total):
-                        result = await call(target)
-                except TimeoutError as exc:
-                    error = _timeout(target, target.timeouts.total)
-                    trace.attempts.append(Attempt(target.label, type(error).__name__))
-                    raise error from exc
-                except ProviderError as exc:
-                    exc.provider = exc.provider or target.provider_name
-                    trace.attempts.append(Attempt(target.label, type(exc).__name__))
-                    raise
-                trace.attempts.append(Attempt(target.label))
+                result = await self._attempt(target, call, trace)
+        return result
+
+    async def _attempt(
+        self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace
+    ) -> T:
+        try:
+            async with asyncio.timeout(target.timeouts.total):
+                result = await call(target)
+        except TimeoutError as exc:
+            error = _timeout(target, target.timeouts.total)
+            trace.attempts.append(Attempt(target.label, type(error).__name__))
+            raise error from exc
+        except ProviderError as exc:
+            exc.provider = exc.provider or target.provider_name
+            trace.attempts.append(Attempt(target.label, type(exc).__name__))
+            raise
+        trace.attempts.append(Attempt(target.label))
         return result
 
     async def open_stream(
