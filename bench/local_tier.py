@@ -9,14 +9,16 @@ the ``local_tier`` package with this file)::
                                                    # an already running server (@PID: RSS too)
 
 Options: ``--quick`` (fewer repetitions, for a smoke run), ``--json PATH`` (raw figures),
-``--max-seconds`` (per target; the run stops by itself then and reports what it measured).
+``--max-seconds`` (per target, default 900). Each phase gets a share of it (``SHARES``); a phase
+cut off keeps what it measured (the concurrency phases count the tokens streamed so far, and
+``completed_at_N`` says how many of the 2N requests finished), so a run stops by itself.
 Servers it starts run one at a time on 127.0.0.1 and are stopped at the end; URLs other than
 loopback are refused. The worker needs ``/tokenize`` with chat ``messages`` (vLLM's API).
 
 What it measures, per target (temperature 0, ``ignore_eos`` so outputs have the asked length):
 
 - TTFT of a 100-token and a 500-token prompt: medians of 5 streamed requests, each prompt new
-  (random words) so no prefix-cache hit flatters them. Prompt lengths are exact, counted by the
+  (a random session number, then random words) so no prefix-cache hit flatters them. Prompt lengths are exact, counted by the
   server's own ``/tokenize`` with the chat template applied.
 - Decode tok/s of one stream: (output tokens - 1) / (last token - first token), median of 3.
 - Total output tok/s at 8 and at 32 concurrent streams: 2N requests arriving as a Poisson
@@ -24,6 +26,8 @@ What it measures, per target (temperature 0, ``ignore_eos`` so outputs have the 
   TTFT p50/p95 under that load.
 - Shared 500-token prefix: TTFT of a new prompt, of the same prompt again, and of the same
   prefix with a different question; ``cached_tokens`` from usage where reported.
+- Host load (1-minute load average) before and after each target: the vLLM CPU build pins its
+  engine to one core, so neighbours' load skews the comparison; trust figures from an idle host.
 - Peak RSS of the server's process tree (psutil, every 0.25 s; shared pages count once per
   process, so the sum overstates a forked server a little).
 """
@@ -34,139 +38,21 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import psutil
-from httpx_sse import aconnect_sse
 
+from bench.local_tier_client import Prompts, StreamResult, Target, stream_chat
 from local_tier.vllm.process import VllmProcess, VllmSettings, WorkerProcess, free_port
-
-# Short, common words: each is one BPE token after a space, so prompt length moves one token
-# per word while the builder converges on the exact count.
-WORDS = (
-    "the",
-    "cat",
-    "dog",
-    "sun",
-    "red",
-    "blue",
-    "tree",
-    "house",
-    "water",
-    "city",
-    "road",
-    "book",
-    "time",
-    "day",
-    "night",
-    "light",
-    "green",
-    "small",
-    "big",
-    "old",
-    "new",
-    "good",
-    "man",
-    "car",
-)
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-
-
-@dataclass
-class StreamResult:
-    """One streamed chat completion, timed on the client."""
-
-    ttft: float | None = None
-    decode_time: float = 0.0  # first content chunk -> last content chunk
-    output_tokens: int = 0
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    started: float = 0.0
-    ended: float = 0.0
-
-
-@dataclass
-class Target:
-    name: str
-    base_url: str
-    pid: int | None = None
-    model: str = ""
-    figures: dict[str, float | None] = field(default_factory=dict)
-
-
-async def stream_chat(
-    client: httpx.AsyncClient, target: Target, messages: list[dict[str, str]], max_tokens: int
-) -> StreamResult:
-    """POST a streaming chat completion and time its chunks."""
-    body = {
-        "model": target.model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-    }
-    res = StreamResult(started=time.perf_counter())
-    first = last = 0.0
-    url = f"{target.base_url}/v1/chat/completions"
-    async with aconnect_sse(client, "POST", url, json=body) as events:
-        if events.response.status_code != 200:
-            await events.response.aread()
-            raise RuntimeError(f"{url}: {events.response.status_code} {events.response.text}")
-        async for sse in events.aiter_sse():
-            if sse.data == "[DONE]":
-                break
-            chunk = json.loads(sse.data)
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices") or []):
-                last = time.perf_counter()
-                first = first or last
-                res.output_tokens += 1  # replaced by usage when the server reports it
-            if usage := chunk.get("usage"):
-                res.output_tokens = usage.get("completion_tokens", res.output_tokens)
-                res.prompt_tokens = usage.get("prompt_tokens")
-                details = usage.get("prompt_tokens_details") or {}
-                res.cached_tokens = details.get("cached_tokens")
-    res.ended = time.perf_counter()
-    res.ttft = first - res.started if first else None
-    res.decode_time = last - first
-    return res
-
-
-class Prompts:
-    """Chat prompts of exact token counts, as the target's ``/tokenize`` counts them."""
-
-    def __init__(self, client: httpx.AsyncClient, target: Target, seed: int = 7) -> None:
-        self.client, self.target, self.rng = client, target, random.Random(seed)
-
-    async def count(self, messages: list[dict[str, str]]) -> int:
-        body = {"model": self.target.model, "messages": messages, "add_generation_prompt": True}
-        resp = await self.client.post(f"{self.target.base_url}/tokenize", json=body)
-        resp.raise_for_status()
-        return int(resp.json()["count"])
-
-    def words(self, n: int) -> list[str]:
-        return [self.rng.choice(WORDS) for _ in range(n)]
-
-    async def build(self, n_tokens: int, head: list[str] | None = None) -> list[dict[str, str]]:
-        """A user message of ``n_tokens`` prompt tokens in all, starting with ``head`` words."""
-        fixed, words = head or [], list[str]()
-        for _ in range(8):
-            messages = [{"role": "user", "content": " ".join(fixed + words)}]
-            missing = n_tokens - await self.count(messages)
-            if missing == 0:
-                return messages
-            words = words + self.words(missing) if missing > 0 else words[:missing]
-        raise RuntimeError(f"could not build a prompt of exactly {n_tokens} tokens")
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -178,10 +64,15 @@ def _p95(values: list[float]) -> float | None:
     return sorted(values)[max(0, round(0.95 * len(values)) - 1)] if values else None
 
 
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
 async def measure_ttft(client: httpx.AsyncClient, t: Target, p: Prompts, reps: int) -> None:
     for n in (100, 500):
-        runs = [await stream_chat(client, t, await p.build(n), 1) for _ in range(reps)]
-        t.figures[f"ttft_{n}_s"] = _median([r.ttft for r in runs])
+        ttfts: list[float | None] = []
+        for _ in range(reps):
+            ttfts.append((await stream_chat(client, t, await p.build(n), 1)).ttft)
+            t.figures[f"ttft_{n}_s"] = _median(ttfts)  # so far: a cut-off run keeps it
 
 
 async def measure_decode(client: httpx.AsyncClient, t: Target, p: Prompts, reps: int) -> None:
@@ -189,52 +80,66 @@ async def measure_decode(client: httpx.AsyncClient, t: Target, p: Prompts, reps:
     for _ in range(reps):
         r = await stream_chat(client, t, await p.build(100), 128)
         rates.append((r.output_tokens - 1) / r.decode_time if r.decode_time > 0 else None)
-    t.figures["decode_1_tok_s"] = _median(rates)
+        t.figures["decode_1_tok_s"] = _median(rates)
 
 
 async def measure_concurrent(
-    client: httpx.AsyncClient, t: Target, p: Prompts, n: int, deadline: float
+    client: httpx.AsyncClient, t: Target, p: Prompts, n: int, budget: float
 ) -> None:
-    """2n requests, Poisson arrivals at n/s, at most n in flight, cut off at ``deadline``."""
+    """2n requests, Poisson arrivals at n/s, at most n in flight, cut off after ``budget`` s
+    (what streamed until then still counts)."""
     prompts = [await p.build(100) for _ in range(2 * n)]
-    gate, rng, results = asyncio.Semaphore(n), random.Random(n), []
+    gate, rng, results = asyncio.Semaphore(n), random.Random(n), list[StreamResult]()
+    cutoff = time.monotonic() + budget
 
     async def one(messages: list[dict[str, str]]) -> None:
         async with gate:
-            results.append(await stream_chat(client, t, messages, 128))
+            results.append(res := StreamResult())
+            await stream_chat(client, t, messages, 128, res)
 
-    tasks = []
-    for messages in prompts:
-        tasks.append(asyncio.create_task(one(messages)))
-        await asyncio.sleep(rng.expovariate(n))
-    with contextlib.suppress(TimeoutError):  # report what finished by the deadline
-        await asyncio.wait_for(asyncio.gather(*tasks), max(1.0, deadline - time.monotonic()))
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for messages in prompts:
+            tasks.append(asyncio.create_task(one(messages)))
+            await asyncio.sleep(rng.expovariate(n))
+        await asyncio.wait(tasks, timeout=max(0.0, cutoff - time.monotonic()))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    _concurrency_figures(t, n, results)
+
+
+def _concurrency_figures(t: Target, n: int, results: list[StreamResult]) -> None:
     if not results:
         return
-    span = max(r.ended for r in results) - min(r.started for r in results)
+    now = time.perf_counter()
+    span = max(r.ended or now for r in results) - min(r.started for r in results)
     ttfts = [r.ttft for r in results if r.ttft is not None]
     t.figures[f"total_{n}_tok_s"] = sum(r.output_tokens for r in results) / span
     t.figures[f"ttft_p50_at_{n}_s"] = _median(list(ttfts))
     t.figures[f"ttft_p95_at_{n}_s"] = _p95(ttfts)
-    t.figures[f"completed_at_{n}"] = float(len(results))
+    t.figures[f"completed_at_{n}"] = float(sum(1 for r in results if r.ended))
 
 
 async def measure_prefix(client: httpx.AsyncClient, t: Target, p: Prompts, reps: int) -> None:
-    first, repeat, other, cached = [], [], [], []
+    """Per round: a new 500-token prompt, the same again, then its 500 tokens plus a new tail."""
+    series: dict[str, list[float | None]] = {
+        "prefix_first_ttft_s": [],
+        "prefix_repeat_ttft_s": [],
+        "prefix_new_tail_ttft_s": [],
+        "prefix_repeat_cached_tokens": [],
+    }
     for _ in range(reps):
         prompt = await p.build(500)
-        head = prompt[0]["content"].split()
+        tail = await p.build(520, base=prompt)
         a = await stream_chat(client, t, prompt, 1)
         b = await stream_chat(client, t, prompt, 1)
-        c = await stream_chat(client, t, await p.build(520, head=head), 1)
-        first.append(a.ttft)
-        repeat.append(b.ttft)
-        other.append(c.ttft)
-        cached.append(float(b.cached_tokens) if b.cached_tokens is not None else None)
-    t.figures["prefix_first_ttft_s"] = _median(first)
-    t.figures["prefix_repeat_ttft_s"] = _median(repeat)
-    t.figures["prefix_new_tail_ttft_s"] = _median(other)
-    t.figures["prefix_repeat_cached_tokens"] = _median(cached)
+        c = await stream_chat(client, t, tail, 1)
+        cached = None if b.cached_tokens is None else float(b.cached_tokens)
+        for key, value in zip(series, (a.ttft, b.ttft, c.ttft, cached), strict=True):
+            series[key].append(value)
+            t.figures[key] = _median(series[key])
 
 
 async def sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
@@ -252,37 +157,44 @@ async def sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), 0.25)
 
 
+# Share of --max-seconds each phase may use; a phase cut off keeps what it measured.
+SHARES = {"ttft": 0.2, "decode": 0.15, "c8": 0.2, "c32": 0.25, "prefix": 0.2}
+
+
 async def run_target(t: Target, quick: bool, max_seconds: float) -> None:
-    """All measurements for one target, stopping at ``max_seconds`` with what it has."""
-    deadline = time.monotonic() + max_seconds
+    """All measurements for one target, each phase within its share of ``max_seconds``."""
     peak, stop = [0], asyncio.Event()
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits, trust_env=False) as client:
+    t.figures["host_load_1m_before"] = os.getloadavg()[0]  # other work on the same cores
+    async with httpx.AsyncClient(timeout=300.0, limits=limits, trust_env=False) as client:
         models = (await client.get(f"{t.base_url}/v1/models")).json()["data"]
         t.model = models[0]["id"]
         sampler = asyncio.create_task(sample_rss(t.pid, peak, stop)) if t.pid else None
-        prompts = Prompts(client, t)
-        await stream_chat(client, t, await prompts.build(50), 8)  # warm-up, not counted
+        p = Prompts(client, t)
+        await stream_chat(client, t, await p.build(50), 8)  # warm-up, not counted
         reps = 2 if quick else 5
-        phases = [
-            measure_ttft(client, t, prompts, reps),
-            measure_decode(client, t, prompts, 1 if quick else 3),
-            measure_concurrent(client, t, prompts, 8, deadline),
-            measure_concurrent(client, t, prompts, 32, deadline),
-            measure_prefix(client, t, prompts, 1 if quick else 3),
-        ]
+        budget = {k: v * max_seconds for k, v in SHARES.items()}
+        phases = {
+            "ttft": measure_ttft(client, t, p, reps),
+            "decode": measure_decode(client, t, p, 1 if quick else 3),
+            "c8": measure_concurrent(client, t, p, 8, budget["c8"]),
+            "c32": measure_concurrent(client, t, p, 32, budget["c32"]),
+            "prefix": measure_prefix(client, t, p, 1 if quick else 3),
+        }
         try:
-            for phase in phases:
-                await asyncio.wait_for(phase, max(1.0, deadline - time.monotonic()))
-        except TimeoutError:
-            print(f"[{t.name}] stopped at --max-seconds; later figures missing", file=sys.stderr)
+            for name, phase in phases.items():
+                try:
+                    await asyncio.wait_for(phase, budget[name] + 30)  # c8/c32 stop themselves
+                except TimeoutError:
+                    print(f"[{t.name}] phase {name} cut off at its budget", file=sys.stderr)
         finally:
-            for phase in phases:
-                phase.close()  # the ones never awaited
+            for phase in phases.values():
+                phase.close()  # those never awaited, if one phase raised
             stop.set()
             if sampler:
                 await sampler
     t.figures["peak_rss_mib"] = peak[0] / 2**20 if peak[0] else None
+    t.figures["host_load_1m_after"] = os.getloadavg()[0]
 
 
 @contextlib.contextmanager
