@@ -11,11 +11,10 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from core.errors import GatewayError, UpstreamServerError
-from core.protocols import CallContext
 from core.wire import ChatRequest, ChatResult, StreamOptions, StreamPart, encoder
 from gateway import sse
 from gateway.context import RequestRecord
-from gateway.errors import invalid_body
+from gateway.errors import decode_body
 from gateway.state import GatewayState
 from routers.executor import Trace, close_stream
 from routers.filters import filter_capable
@@ -27,19 +26,8 @@ CLIENT_CLOSED = 499  # nginx's code: the client went away before the end
 
 
 def decode_chat(raw: bytes) -> ChatRequest:
-    try:
-        return _decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise invalid_body(exc) from exc
-
-
-def _context(record: RequestRecord, target: Target, raw: bytes) -> CallContext:
-    return CallContext(
-        request_id=record.request_id,
-        upstream_model=target.model,
-        timeouts=target.timeouts,
-        raw_body=raw,
-    )
+    request: ChatRequest = decode_body(_decoder, raw)
+    return request
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -57,7 +45,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         if req.stream:
             return await _open_stream(state, record, req, raw, plan, trace)
         result: ChatResult = await runtime.executor.call(
-            req.model, plan, lambda t: t.provider.chat(req, _context(record, t, raw)), trace
+            req.model, plan, lambda t: t.provider.chat(req, record.call_context(t, raw)), trace
         )
     except GatewayError as exc:
         record.finish(exc.status, exc)
@@ -82,7 +70,7 @@ async def _open_stream(
     first, rest = await state.runtime.executor.open_stream(
         req.model,
         plan,
-        lambda t: t.provider.stream_chat(upstream_req, _context(record, t, raw)),
+        lambda t: t.provider.stream_chat(upstream_req, record.call_context(t, raw)),
         trace,
     )
     record.first_byte()

@@ -11,8 +11,10 @@ import structlog
 from litestar import Request
 
 from core.errors import GatewayError
+from core.protocols import CallContext
 from core.wire import Usage
 from routers.executor import Trace
+from routers.targets import Target
 
 _log = structlog.get_logger("switchyard")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -40,6 +42,15 @@ class RequestRecord:
         self.usage: Usage | None = None
         self.ttft_s: float | None = None
         self._done = False
+
+    def call_context(self, target: Target, raw: bytes) -> CallContext:
+        """What one call to ``target`` needs; ``raw`` is the client's body, for passthrough."""
+        return CallContext(
+            request_id=self.request_id,
+            upstream_model=target.model,
+            timeouts=target.timeouts,
+            raw_body=raw,
+        )
 
     def first_byte(self) -> None:
         if self.ttft_s is None:

@@ -59,6 +59,14 @@ def invalid_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidR
     return InvalidRequestError(f"Invalid request: {message}{where}", param=path or None)
 
 
+def decode_body(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
+    """``raw`` decoded, or the 400 that says what is wrong with it."""
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise invalid_body(exc) from exc
+
+
 def _request_id(request: Request[Any, Any, Any]) -> str:
     """The id the handler gave this request, or a fresh one for errors raised before it."""
     value = request.scope.get("state", {}).get("request_id")

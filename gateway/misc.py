@@ -10,7 +10,7 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from core.errors import GatewayError, InvalidRequestError, ModelNotFoundError
-from core.protocols import CallContext, CompletionProvider, EmbeddingProvider
+from core.protocols import CompletionProvider, EmbeddingProvider
 from core.wire import (
     CompletionRequest,
     EmbeddingRequest,
@@ -22,7 +22,7 @@ from core.wire import (
 )
 from gateway import sse
 from gateway.context import RequestRecord
-from gateway.errors import invalid_body
+from gateway.errors import decode_body
 from gateway.state import GatewayState
 from routers.executor import Trace, close_stream
 from routers.targets import Skipped, Target
@@ -95,13 +95,10 @@ def _plan(
     return capable, skipped
 
 
-def _context(record: RequestRecord, target: Target, raw: bytes) -> CallContext:
-    return CallContext(
-        request_id=record.request_id,
-        upstream_model=target.model,
-        timeouts=target.timeouts,
-        raw_body=raw,
-    )
+def _answer(record: RequestRecord, result: RawResult) -> Response[bytes]:
+    record.usage = result.usage
+    record.finish(200)
+    return Response(result.body, media_type=_JSON, headers=record.headers())
 
 
 @post("/v1/embeddings", status_code=200)
@@ -110,29 +107,20 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
     record = RequestRecord(request, "embeddings")
     try:
         raw = await request.body()
-        req = _decode(_embedding_decoder, raw)
+        req = decode_body(_embedding_decoder, raw)
         record.model = req.model
         plan, skipped = _plan(state, req.model, "embeddings", EmbeddingProvider)
         record.trace = Trace(skipped)
         result: RawResult = await state.runtime.executor.call(
             req.model,
             plan,
-            lambda t: cast(EmbeddingProvider, t.provider).embed(req, _context(record, t, raw)),
+            lambda t: cast(EmbeddingProvider, t.provider).embed(req, record.call_context(t, raw)),
             record.trace,
         )
     except GatewayError as exc:
         record.finish(exc.status, exc)
         raise
-    record.usage = result.usage
-    record.finish(200)
-    return Response(result.body, media_type=_JSON, headers=record.headers())
-
-
-def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
-    try:
-        return decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise invalid_body(exc) from exc
+    return _answer(record, result)
 
 
 @post("/v1/completions", status_code=200)
@@ -141,7 +129,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     record = RequestRecord(request, "completions")
     try:
         raw = await request.body()
-        req: CompletionRequest = _decode(_completion_decoder, raw)
+        req: CompletionRequest = decode_body(_completion_decoder, raw)
         record.model, record.stream = req.model, req.stream
         plan, skipped = _plan(state, req.model, "completions", CompletionProvider)
         record.trace = Trace(skipped)
@@ -151,7 +139,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
                 req.model,
                 plan,
                 lambda t: cast(CompletionProvider, t.provider).stream_complete(
-                    req, _context(record, t, raw)
+                    req, record.call_context(t, raw)
                 ),
                 record.trace,
             )
@@ -167,15 +155,15 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         result: RawResult = await executor.call(
             req.model,
             plan,
-            lambda t: cast(CompletionProvider, t.provider).complete(req, _context(record, t, raw)),
+            lambda t: cast(CompletionProvider, t.provider).complete(
+                req, record.call_context(t, raw)
+            ),
             record.trace,
         )
     except GatewayError as exc:
         record.finish(exc.status, exc)
         raise
-    record.usage = result.usage
-    record.finish(200)
-    return Response(result.body, media_type=_JSON, headers=record.headers())
+    return _answer(record, result)
 
 
 async def _raw_stream(

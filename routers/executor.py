@@ -174,37 +174,19 @@ class Executor:
     ) -> tuple[P, AsyncIterator[P]]:
         """The first chunk and the rest of the first stream that yields one within its
         target's first-token deadline. After that chunk the stream is committed."""
-        failures: list[ProviderError] = []
-        for target in _non_empty(model, plan, trace):
-            try:
-                opened = await self._open_target(target, open_stream, trace)
-            except ProviderError as exc:
-                failures.append(exc)
-                if not exc.fallback_ok:
-                    raise
-                continue
-            trace.served_by = target
-            return opened
-        raise AllTargetsFailedError(model, failures)
+        return await self.call(model, plan, lambda t: _first_and_rest(t, open_stream), trace)
 
-    async def _open_target(
-        self, target: Target, open_stream: Callable[[Target], AsyncIterator[P]], trace: Trace
-    ) -> tuple[P, AsyncIterator[P]]:
-        async for attempt in self._retrying():
-            with attempt:
-                stream = open_stream(target)
-                try:
-                    first = await _first_item(target, stream)
-                except ProviderError as exc:
-                    await close_stream(stream)
-                    exc.provider = exc.provider or target.provider_name
-                    trace.attempts.append(Attempt(target.label, type(exc).__name__))
-                    raise
-                except BaseException:
-                    await close_stream(stream)
-                    raise
-                trace.attempts.append(Attempt(target.label))
-        return first, stream
+
+async def _first_and_rest(
+    target: Target, open_stream: Callable[[Target], AsyncIterator[P]]
+) -> tuple[P, AsyncIterator[P]]:
+    stream = open_stream(target)
+    try:
+        first = await _first_item(target, stream)
+    except BaseException:
+        await close_stream(stream)  # release the upstream connection before moving on
+        raise
+    return first, stream
 
 
 def _non_empty(model: str, plan: Sequence[Target], trace: Trace) -> Sequence[Target]:
