@@ -24,6 +24,7 @@ from core.errors import (
     UpstreamTimeoutError,
 )
 from core.protocols import CallContext, Capabilities
+from providers.transport import AiohttpTransport
 
 ErrorMessage = Callable[[bytes], tuple[str, str | None]]
 """Reads a vendor error body; returns (message, param)."""
@@ -144,6 +145,34 @@ class HttpProvider:
 
     async def aclose(self) -> None:
         return None
+
+    async def post_bytes(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        ctx: CallContext,
+        read_message: ErrorMessage,
+    ) -> bytes:
+        """POST ``body`` and return the whole 2xx answer; other statuses raise the mapped
+        error. Uses the client's aiohttp transport directly when it has one (the plain path
+        of every non-streaming call; see docs/decisions/0002-http-client.md)."""
+        fast: AiohttpTransport | None = getattr(self.client, "fast", None)
+        if fast is None:
+            request = self.client.build_request(
+                "POST", url, content=body, headers=headers, timeout=timeout_for(ctx)
+            )
+            response = await self.send(request, read_message)
+            with mapped_errors(self.name):
+                return await response.aread()
+        with mapped_errors(self.name):
+            status, raw_headers, data = await fast.post(
+                url, body, headers, ctx.timeouts.connect, ctx.timeouts.total
+            )
+        if status >= 300:
+            response = httpx.Response(status, headers=raw_headers)
+            raise error_for_status(self.name, response, data, read_message)
+        return data
 
     async def send(
         self, request: httpx.Request, read_message: ErrorMessage, *, stream: bool = False

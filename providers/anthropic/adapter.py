@@ -61,7 +61,10 @@ class AnthropicProvider(HttpProvider):
         if stream:
             headers["accept"] = "text/event-stream"
         return self.client.build_request(
-            "POST", self.url, content=wire.encoder.encode(body), headers=headers,
+            "POST",
+            self.url,
+            content=wire.encoder.encode(body),
+            headers=headers,
             timeout=timeout_for(ctx),
         )
 
@@ -72,7 +75,9 @@ class AnthropicProvider(HttpProvider):
         with mapped_errors(self.name):
             message = wire.response_decoder.decode(response.content)
         converted = convert.to_chat_response(
-            message, created=int(time.time()), json_tool=convert.json_tool_name(req),
+            message,
+            created=int(time.time()),
+            json_tool=convert.json_tool_name(req),
             provider=self.name,
         )
         return ChatResult(converted)
@@ -82,8 +87,10 @@ class AnthropicProvider(HttpProvider):
         from the generator; closing it closes the upstream connection."""
         request = self._request(req, ctx, stream=True)
         converter = StreamConverter(
-            provider=self.name, created=int(time.time()),
-            include_usage=req.wants_usage_in_stream(), json_tool=convert.json_tool_name(req),
+            provider=self.name,
+            created=int(time.time()),
+            include_usage=req.wants_usage_in_stream(),
+            json_tool=convert.json_tool_name(req),
         )
         response = await self.send(request, read_error_message, stream=True)
         try:
@@ -103,4 +110,3 @@ class AnthropicProvider(HttpProvider):
             raise UpstreamMalformedError(
                 f"upstream {self.name} sent a malformed stream: {exc}", provider=self.name
             ) from exc
-

@@ -90,8 +90,9 @@ def build_request(
 
 def _check_expressible(req: ChatRequest) -> None:
     if req.n is not None and req.n > 1:
-        raise InvalidRequestError("anthropic returns one choice per request: n must be 1",
-                                  param="n")
+        raise InvalidRequestError(
+            "anthropic returns one choice per request: n must be 1", param="n"
+        )
     if req.temperature is not None and req.temperature > 1:
         raise InvalidRequestError(
             f"anthropic accepts temperature between 0 and 1, got {req.temperature}",
@@ -100,8 +101,9 @@ def _check_expressible(req: ChatRequest) -> None:
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
-            raise InvalidRequestError("response_format json_schema needs a json_schema object",
-                                      param="response_format")
+            raise InvalidRequestError(
+                "response_format json_schema needs a json_schema object", param="response_format"
+            )
         if req.tools:
             raise InvalidRequestError(
                 "anthropic implements json_schema as a forced tool call, so it cannot be "
@@ -193,7 +195,7 @@ def image_block(url: str, position: int) -> wire.ImageBlock:
     if url.startswith(("http://", "https://")):
         return wire.ImageBlock(wire.URLSource(url))
     if url.startswith("data:"):
-        header, comma, data = url[len("data:"):].partition(",")
+        header, comma, data = url[len("data:") :].partition(",")
         params = header.split(";")
         if comma and params[0] and params[-1] == "base64":
             return wire.ImageBlock(wire.Base64Source(media_type=params[0], data=data))
@@ -275,8 +277,9 @@ def _tool_choice(req: ChatRequest, names: set[str]) -> wire.ToolChoiceParam | No
             f"tool_choice names '{choice.function.name}', which is not among the tools",
             param="tool_choice",
         )
-    return wire.ToolChoiceParam("tool", name=choice.function.name,
-                                disable_parallel_tool_use=disable)
+    return wire.ToolChoiceParam(
+        "tool", name=choice.function.name, disable_parallel_tool_use=disable
+    )
 
 
 def json_tool_name(req: ChatRequest) -> str | None:

@@ -165,7 +165,9 @@ class StreamConverter:
     def _merge_usage(self, delta: wire.DeltaUsage) -> None:
         # message_delta counts are cumulative; fields it omits keep message_start's values
         for field in (
-            "output_tokens", "input_tokens", "cache_creation_input_tokens",
+            "output_tokens",
+            "input_tokens",
+            "cache_creation_input_tokens",
             "cache_read_input_tokens",
         ):
             value = getattr(delta, field)
@@ -190,7 +192,10 @@ class StreamConverter:
 
     def _usage_chunk(self) -> ChatChunk:
         return ChatChunk(
-            id=self.id, created=self.created, model=self.model, choices=[],
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[],
             usage=to_usage(self.usage),
         )
 

@@ -58,9 +58,8 @@ class OpenAIProvider(HttpProvider):
         return wire.rewrite_body(raw, ctx.upstream_model, force_usage=stream)
 
     async def _post(self, path: str, body: bytes, ctx: CallContext) -> bytes:
-        response = await self.send(self._request(path, body, ctx), wire.read_error)
-        with mapped_errors(self.name):
-            return await response.aread()
+        url = f"{self.base_url}{path}"
+        return await self.post_bytes(url, body, self._headers, ctx, wire.read_error)
 
     async def chat(self, req: ChatRequest, ctx: CallContext) -> ChatResult:
         body = await self._post("/chat/completions", self._body(ctx, req, stream=False), ctx)
