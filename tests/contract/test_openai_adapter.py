@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import anyio
+import httpx
 import msgspec
 import pytest
 
@@ -174,3 +175,17 @@ async def test_every_error_is_a_provider_error(served):
         for model in ("m-server-error", "m-malformed", "m-unauthorized"):
             with pytest.raises(ProviderError):
                 await provider.chat(ChatRequest("a", HELLO), ctx(model, {"model": "a"}))
+
+
+@pytest.mark.parametrize("model", ["m-ok", "m-rate-limited", "m-malformed"])
+async def test_plain_httpx_client_takes_the_same_path(served, model):
+    """A client without the aiohttp fast path (any httpx client) behaves identically."""
+    async with httpx.AsyncClient() as client:
+        provider = OpenAIProvider("oa", client, OpenAIProviderConfig(base_url=served[1] + "/v1"), "k")
+        call = provider.chat(ChatRequest("a", HELLO), ctx(model, {"model": "a"}))
+        if model == "m-ok":
+            assert (await call).response.choices[0].message.content == "Hello from openai!"
+        else:
+            with pytest.raises((UpstreamRateLimitedError, UpstreamMalformedError)) as info:
+                await call
+            assert info.value.provider == "oa"
