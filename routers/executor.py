@@ -88,21 +88,20 @@ class Executor:
         )
         return short_wait and isinstance(exc, UpstreamRateLimitedError | UpstreamServerError)
 
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
+    def _backoff(self, exc: BaseException | None, retries_before: int) -> float:
+        """Seconds before the next try: the upstream's Retry-After when it sent one, else
+        exponential backoff with jitter (``retries_before`` tries already repeated)."""
         if isinstance(exc, ProviderError) and exc.retry_after is not None:
             return float(exc.retry_after)
-        # attempt_number counts the retries after the plain first attempt.
-        base: float = self._config.retry_backoff_s * 2.0 ** state.attempt_number
+        base: float = self._config.retry_backoff_s * 2.0**retries_before
         return base * (0.5 + self._jitter())
 
-    def _first_wait(self, exc: ProviderError) -> float:
-        if exc.retry_after is not None:
-            return float(exc.retry_after)
-        return self._config.retry_backoff_s * (0.5 + self._jitter())
+    def _wait(self, state: RetryCallState) -> float:
+        # attempt_number counts the retries after the plain first attempt.
+        exc = state.outcome.exception() if state.outcome else None
+        return self._backoff(exc, state.attempt_number)
 
-    def _retrying(self, remaining: int | None = None) -> AsyncRetrying:
-        attempts = remaining or self._config.max_attempts_per_target
+    def _retrying(self, attempts: int) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_attempt(attempts),
             retry=retry_if_exception(self._should_retry),
@@ -142,8 +141,8 @@ class Executor:
         except ProviderError as exc:
             if not self._should_retry(exc) or self._config.max_attempts_per_target < 2:
                 raise
-            await self._sleep(self._first_wait(exc))
-        async for attempt in self._retrying(remaining=self._config.max_attempts_per_target - 1):
+            await self._sleep(self._backoff(exc, 0))
+        async for attempt in self._retrying(self._config.max_attempts_per_target - 1):
             with attempt:
                 result = await self._attempt(target, call, trace)
         return result
