@@ -14,6 +14,18 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from core.config_routing import (
+    BreakerConfig,
+    PriorityStrategy,
+    PromptCacheConfig,
+    QueueConfig,
+    ResponseCacheConfig,
+    RetryBudgetConfig,
+    SaturationConfig,
+    StrategyConfig,
+)
+from core.config_tenants import AuthConfig, LedgerConfig, Price, StateConfig, TenantConfig
+
 PositiveFloat = Annotated[float, Meta(gt=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -31,13 +43,26 @@ class ProviderBase(_Strict, frozen=True):
     timeout_s: PositiveFloat = 600.0
     connect_timeout_s: PositiveFloat = 5.0
     first_token_timeout_s: PositiveFloat = 60.0
+    stream_idle_timeout_s: PositiveFloat = 60.0  # longest gap between two streamed chunks
     headers: dict[str, str] = {}
+    local: bool = False  # data residency: True for the team's own hardware
 
 
 class OpenAIProviderConfig(ProviderBase, tag="openai", tag_field="type", frozen=True):
     """Any OpenAI-compatible API (OpenAI, Groq, Together, Mistral, DeepSeek, Ollama, vLLM)."""
 
     base_url: str = "https://api.openai.com/v1"
+
+
+class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True):
+    """A local-tier worker with vLLM's HTTP API: ``vllm serve`` or ``switchyard worker jax``.
+    Its ``/metrics`` feed saturation (spill-over) and prefix-aware routing."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    metrics_url: str | None = None  # default: base_url without /v1, plus /metrics
+    local: bool = True
+    saturation: SaturationConfig = SaturationConfig()
+    block_size: PositiveInt = 16  # the worker's KV block size, for prefix hashing
 
 
 class AnthropicProviderConfig(ProviderBase, tag="anthropic", tag_field="type", frozen=True):
@@ -54,6 +79,7 @@ class GeminiProviderConfig(ProviderBase, tag="gemini", tag_field="type", frozen=
 class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
     """The in-process JAX engine. ``model_path`` None means the bundled SmolLM2-135M."""
 
+    local: bool = True
     model_path: str | None = None
     served_model_name: str = "smollm2-135m-instruct"
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -66,31 +92,49 @@ class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
 
 
 ProviderConfig = (
-    OpenAIProviderConfig | AnthropicProviderConfig | GeminiProviderConfig | JaxProviderConfig
+    OpenAIProviderConfig
+    | VllmProviderConfig
+    | AnthropicProviderConfig
+    | GeminiProviderConfig
+    | JaxProviderConfig
 )
 
 
 class TargetConfig(_Strict, frozen=True):
     provider: Name
     model: Name
+    weight: Annotated[float, Meta(ge=0)] = 1.0  # for the weighted strategy
+    price: Price | None = None
+    max_context: PositiveInt | None = None  # tokens; default: what the provider reports
 
 
 class ModelConfig(_Strict, frozen=True):
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
     description: str | None = None
     owned_by: str = "switchyard"
+    strategy: StrategyConfig = PriorityStrategy()
+    slo_ttft_ms: PositiveFloat | None = None
+    slo_total_ms: PositiveFloat | None = None
+    queue_deadline_s: PositiveFloat | None = None
 
 
 class ServerConfig(_Strict, frozen=True):
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    watch_config: bool = True  # reload the policy file when it changes
+    watch_interval_s: PositiveFloat = 1.0
+    drain_timeout_s: PositiveFloat = 30.0  # graceful shutdown waits this long for requests
 
 
 class RoutingConfig(_Strict, frozen=True):
-    """How the executor treats one target: retries of transient errors and Retry-After."""
+    """How the executor treats targets: retries, breakers, the queue, provider caches."""
 
     max_attempts_per_target: PositiveInt = 2
     retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.05
     max_retry_after_s: Annotated[float, Meta(ge=0)] = 2.0
+    retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    queue: QueueConfig = QueueConfig()
+    prompt_cache: PromptCacheConfig = PromptCacheConfig()
 
 
 class LoggingConfig(_Strict, frozen=True):
@@ -101,9 +145,20 @@ class LoggingConfig(_Strict, frozen=True):
 class Config(_Strict, frozen=True):
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelConfig] = {}
+    tenants: dict[str, TenantConfig] = {}
     server: ServerConfig = ServerConfig()
     routing: RoutingConfig = RoutingConfig()
     logging: LoggingConfig = LoggingConfig()
+    state: StateConfig = StateConfig()
+    auth: AuthConfig = AuthConfig()
+    ledger: LedgerConfig = LedgerConfig()
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()
+    source: str | None = None  # the file it was loaded from (set by load_config)
+
+    @property
+    def open_access(self) -> bool:
+        """No tenants configured: anyone may call (the embedded default)."""
+        return not self.tenants
 
 
 class ConfigError(Exception):
@@ -115,7 +170,15 @@ class ConfigError(Exception):
 
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_SECTIONS = ("server", "routing", "logging")
+_SECTIONS = {
+    "server": ServerConfig,
+    "routing": RoutingConfig,
+    "logging": LoggingConfig,
+    "state": StateConfig,
+    "auth": AuthConfig,
+    "ledger": LedgerConfig,
+    "response_cache": ResponseCacheConfig,
+}
 
 
 def _keyed(prefix: str, error: msgspec.ValidationError) -> str:
@@ -143,15 +206,30 @@ def _decode_mapping(raw: Any, key: str, kind: Any, errors: list[str]) -> dict[st
 
 
 def _check_references(
-    providers: dict[str, Any], models: dict[str, ModelConfig], errors: list[str]
+    providers: dict[str, Any],
+    models: dict[str, ModelConfig],
+    tenants: dict[str, TenantConfig],
+    errors: list[str],
 ) -> None:
     for alias, model in models.items():
         for index, target in enumerate(model.targets):
+            where = f"models.{alias}.targets[{index}]"
             if target.provider not in providers:
-                errors.append(
-                    f"models.{alias}.targets[{index}].provider: "
-                    f"unknown provider '{target.provider}'"
-                )
+                errors.append(f"{where}.provider: unknown provider '{target.provider}'")
+            problem = target.price.problem() if target.price else None
+            if problem:
+                errors.append(f"{where}.price: {problem}")
+    for name, tenant in tenants.items():
+        for field in ("models", "deny_models"):
+            for alias in getattr(tenant, field) or ():
+                if alias not in models:
+                    errors.append(f"tenants.{name}.{field}: unknown model alias '{alias}'")
+
+
+def _check_state(sections: dict[str, Any], errors: list[str]) -> None:
+    ledger, state = sections.get("ledger"), sections.get("state")
+    if ledger and state and ledger.backend == "redis" and state.backend != "redis":
+        errors.append("ledger.backend: redis needs state.backend: redis")
 
 
 def parse_config(text: str | bytes) -> Config:
@@ -163,22 +241,24 @@ def parse_config(text: str | bytes) -> Config:
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(["(top level): expected a mapping"])
-    errors = [f"{key}: unknown section" for key in raw if key not in Config.__struct_fields__]
+    sections_known = set(Config.__struct_fields__) - {"source"}
+    errors = [f"{key}: unknown section" for key in raw if key not in sections_known]
     providers = _decode_mapping(raw.get("providers"), "providers", ProviderConfig, errors)
     models = _decode_mapping(raw.get("models"), "models", ModelConfig, errors)
+    tenants = _decode_mapping(raw.get("tenants"), "tenants", TenantConfig, errors)
     sections: dict[str, Any] = {}
-    for key in _SECTIONS:
-        kind = Config.__annotations__[key]
+    for key, kind in _SECTIONS.items():
         try:
-            sections[key] = msgspec.convert(raw.get(key) or {}, globals()[kind])
+            sections[key] = msgspec.convert(raw.get(key) or {}, kind)
         except msgspec.ValidationError as exc:
             errors.append(_keyed(key, exc))
     raw_providers = raw.get("providers")
     known = raw_providers if isinstance(raw_providers, dict) else {}
-    _check_references(known, models, errors)
+    _check_references(known, models, tenants, errors)
+    _check_state(sections, errors)
     if errors:
         raise ConfigError(errors)
-    return Config(providers=providers, models=models, **sections)
+    return Config(providers=providers, models=models, tenants=tenants, **sections)
 
 
 def load_config(path: str | Path) -> Config:
@@ -187,4 +267,12 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"(file): cannot read {path}: {exc.strerror}"]) from exc
-    return parse_config(text)
+    return msgspec.structs.replace(parse_config(text), source=str(Path(path).resolve()))
+
+
+def relative_to_config(config: Config, path: str) -> Path:
+    """``path`` as written in the file: relative paths start at the file's folder."""
+    candidate = Path(path)
+    if candidate.is_absolute() or config.source is None:
+        return candidate
+    return Path(config.source).parent / candidate

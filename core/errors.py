@@ -7,7 +7,8 @@
     ├── PermissionDeniedError        403
     ├── ModelNotFoundError           404  unknown model alias
     ├── PayloadTooLargeError         413
-    ├── RateLimitError               429  the gateway's own limits
+    ├── RateLimitError               429  the gateway's own limits (quotas, admission queue)
+    ├── ServiceUnavailableError      503  shared state unreachable (fail closed), draining
     ├── NoTargetAvailableError       503  every target was skipped before a call
     ├── AllTargetsFailedError        429 | 502 | 504, from the failures it collects
     └── ProviderError                a call to one upstream failed
@@ -51,6 +52,7 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
         self.retry_after = retry_after
+        self.headers: dict[str, str] = {}  # extra response headers (x-ratelimit-*)
 
 
 class InvalidRequestError(GatewayError):
@@ -89,6 +91,12 @@ class RateLimitError(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class ServiceUnavailableError(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
 
 
 class NoTargetAvailableError(GatewayError):

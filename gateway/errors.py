@@ -27,7 +27,9 @@ def error_body(exc: GatewayError) -> bytes:
 
 
 def error_headers(exc: GatewayError, request_id: str | None) -> dict[str, str]:
-    headers = {"x-request-id": request_id} if request_id else {}
+    headers = dict(exc.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
     return headers

@@ -1,0 +1,123 @@
+"""Policy-file sections for routing: strategies per model alias, circuit breakers, retry
+budget, admission queue, local-replica saturation, prompt caching and the response cache."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta, Struct
+
+PositiveFloat = Annotated[float, Meta(gt=0)]
+NonNegativeFloat = Annotated[float, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+
+
+class _Strict(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pass
+
+
+class PriorityStrategy(_Strict, tag="priority", tag_field="type", frozen=True):
+    """Targets in the order the file lists them."""
+
+
+class WeightedStrategy(_Strict, tag="weighted", tag_field="type", frozen=True):
+    """First target drawn by the targets' ``weight``; the rest follow by weight too."""
+
+
+class LeastLatencyStrategy(_Strict, tag="least_latency", tag_field="type", frozen=True):
+    """Power of two choices on the predicted latency (EWMA of TTFT and time per token)."""
+
+
+class LowestCostStrategy(_Strict, tag="lowest_cost", tag_field="type", frozen=True):
+    """Cheapest first by price x estimated tokens."""
+
+
+class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
+    """The cheapest target whose predicted TTFT and total latency meet the objective (from
+    the request header, the tenant or the alias); if none can, the fastest first."""
+
+
+class PrefixAwareStrategy(_Strict, tag="prefix_aware", tag_field="type", frozen=True):
+    """For replicas of one local model: score = w_prefix * cached share of the prompt +
+    w_queue * (1 - queue share) + w_kv * (1 - KV use), with a cap on any one replica's share
+    of in-flight requests so a hot prefix cannot pile onto one replica."""
+
+    w_prefix: NonNegativeFloat = 3.0
+    w_queue: NonNegativeFloat = 2.0
+    w_kv: NonNegativeFloat = 2.0
+    hot_spot_factor: PositiveFloat = 2.0  # max in-flight on one replica vs the mean (+1)
+
+
+class RoundRobinStrategy(_Strict, tag="round_robin", tag_field="type", frozen=True):
+    """Rotate the first place through the targets (the baseline for prefix-aware)."""
+
+
+StrategyConfig = (
+    PriorityStrategy
+    | WeightedStrategy
+    | LeastLatencyStrategy
+    | LowestCostStrategy
+    | SloStrategy
+    | PrefixAwareStrategy
+    | RoundRobinStrategy
+)
+
+
+class BreakerConfig(_Strict, frozen=True):
+    """Per-target circuit breaker (opens on either rule; one probe window after cool-down)."""
+
+    failure_rate: Fraction = 0.5
+    window_s: PositiveFloat = 30.0
+    min_calls: PositiveInt = 10
+    consecutive_failures: PositiveInt = 5
+    cooldown_s: PositiveFloat = 15.0
+    half_open_probes: PositiveInt = 1
+
+
+class RetryBudgetConfig(_Strict, frozen=True):
+    """Retries may add at most ``ratio`` of the recent calls to one target, plus a floor of
+    ``min_per_s``, so retries cannot multiply the load on a target that is down."""
+
+    ratio: Fraction = 0.2
+    min_per_s: NonNegativeFloat = 1.0
+    window_s: PositiveFloat = 10.0
+
+
+class QueueConfig(_Strict, frozen=True):
+    """Requests wait here when every eligible target is saturated."""
+
+    max_size: Annotated[int, Meta(ge=0)] = 256
+    deadline_s: PositiveFloat = 10.0  # when neither request, tenant nor alias sets one
+
+
+class SaturationConfig(_Strict, frozen=True):
+    """When a local replica counts as saturated, from its ``/metrics`` and the gateway's own
+    in-flight count. Enters at the high marks, leaves below the low marks (hysteresis)."""
+
+    poll_interval_s: PositiveFloat = 0.1
+    stale_after_s: PositiveFloat = 1.0
+    max_waiting: Annotated[int, Meta(ge=0)] = 0
+    kv_high: Fraction = 0.9
+    kv_low: Fraction = 0.75
+    max_in_flight: PositiveInt | None = None  # None: from the replica's running + waiting only
+
+
+class PromptCacheConfig(_Strict, frozen=True):
+    """Use the providers' prompt caches: Anthropic ``cache_control`` on long stable system
+    prompts and tools, OpenAI ``prompt_cache_key`` per tenant, sticky routing of a tenant's
+    repeated prefix to the target that cached it."""
+
+    anthropic_cache_control: bool = True
+    min_cacheable_chars: PositiveInt = 4096  # ~1,024 tokens, Anthropic's minimum
+    openai_prompt_cache_key: bool = True
+    sticky_ttl_s: PositiveFloat = 300.0
+
+
+class ResponseCacheConfig(_Strict, frozen=True):
+    """Exact-repeat cache for deterministic requests (temperature 0 or a seed)."""
+
+    enabled: bool = False
+    ttl_s: PositiveFloat = 300.0
+    max_entries: PositiveInt = 10_000
+    max_entry_bytes: PositiveInt = 1 << 20

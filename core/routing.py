@@ -1,0 +1,58 @@
+"""What routing decisions are made from: the routing view of a request and each target's
+health. Strategies and filters (``routers``) read these; breakers, latency stats and
+capacity signals (``policies``, ``local_tier``) produce them."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from msgspec import Struct
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+class RouteRequest(Struct, frozen=True, kw_only=True):
+    """The parts of a request that routing acts on.
+
+    ``prompt_tokens`` is an estimate (characters / 4 before any tokenizer has seen it).
+    ``prefix_hashes`` are chained hashes of the prompt's leading blocks, oldest first: equal
+    leading hashes mean an equal leading prefix. SLO fields are milliseconds.
+    """
+
+    model: str
+    tenant: str | None = None
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    slo_ttft_ms: float | None = None
+    slo_total_ms: float | None = None
+    local_only: bool = False
+    prefix_hashes: tuple[int, ...] = ()
+
+    @property
+    def output_tokens(self) -> int:
+        """Expected output tokens for cost and latency predictions."""
+        return self.max_tokens if self.max_tokens is not None else 256
+
+
+class TargetHealth(Struct, frozen=True, kw_only=True):
+    """One target's state as routing sees it. ``None`` estimates mean "no data yet"."""
+
+    breaker: BreakerState = "closed"
+    ttft_s: float | None = None  # EWMA of time to first token
+    tpot_s: float | None = None  # EWMA of time per output token
+    saturated: bool = False  # local replicas: cannot take more work now
+    waiting: int = 0  # requests queued on the replica
+    running: int = 0
+    kv_usage: float = 0.0  # 0-1
+    in_flight: int = 0  # requests the gateway has sent and not yet seen finish
+    prefix_blocks: int = 0  # leading blocks of this request's prompt the replica likely holds
+    cache_hit_rate: float | None = None
+
+
+UNKNOWN = TargetHealth()
+
+
+class HealthView(Protocol):
+    """A consistent snapshot of every target's health, read once per routing decision."""
+
+    def health(self, label: str) -> TargetHealth: ...

@@ -1,0 +1,53 @@
+"""Who is calling and what one request cost: the shapes shared by the auth guard, quotas,
+the usage ledger and the exports."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from msgspec import Struct
+
+Via = Literal["open", "api_key", "jwt", "admin"]
+
+
+class Principal(Struct, frozen=True, kw_only=True):
+    """The caller. ``tenant`` is None only on an open gateway (no tenants configured) and
+    for the admin key; ``key_id`` names the API key (or the JWT's subject)."""
+
+    tenant: str | None = None
+    key_id: str | None = None
+    via: Via = "open"
+
+    @property
+    def admin(self) -> bool:
+        return self.via == "admin"
+
+
+OPEN = Principal()
+ADMIN = Principal(via="admin", key_id="admin")
+
+
+class UsageRow(Struct, frozen=True, kw_only=True):
+    """One ledger row per request. Times are Unix seconds (UTC); costs in USD."""
+
+    request_id: str
+    ts: float
+    tenant: str | None
+    key_id: str | None
+    model: str | None  # the alias the client asked for
+    provider: str | None
+    upstream_model: str | None
+    endpoint: str = "chat"
+    stream: bool = False
+    status: int = 200
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    ttft_ms: float | None = None
+    latency_ms: float = 0.0
+    queue_ms: float = 0.0
+    attempts: int = 0
+    fallbacks: int = 0
+    cache_hit: bool = False
