@@ -113,8 +113,9 @@ class Price(_Strict, frozen=True):
             each = self.hourly_usd / (self.tokens_per_s * 3600.0)
             return each, each, each
         prompt = (self.input_per_mtok or 0.0) / 1e6
+        output = (self.output_per_mtok or 0.0) / 1e6
         cached = self.cached_input_per_mtok
-        return prompt, (self.output_per_mtok or 0.0) / 1e6, prompt if cached is None else cached / 1e6
+        return prompt, output, prompt if cached is None else cached / 1e6
 
     def problem(self) -> str | None:
         """Why this price is incomplete, or None."""

@@ -20,6 +20,8 @@ from core.config import (
     JaxProviderConfig,
     OpenAIProviderConfig,
     ProviderConfig,
+    TargetConfig,
+    VllmProviderConfig,
 )
 from core.errors import ModelNotFoundError
 from core.protocols import Provider, Timeouts
@@ -53,7 +55,7 @@ def build_provider(
     progress: Progress | None = None,
 ) -> Provider:
     """The adapter for one configured provider. Heavy kinds are imported only when used."""
-    if isinstance(config, OpenAIProviderConfig):
+    if isinstance(config, OpenAIProviderConfig | VllmProviderConfig):
         from providers.openai import OpenAIProvider
 
         return OpenAIProvider(name, client, config, key)
@@ -105,18 +107,31 @@ class Runtime:
         self.targets: dict[str, list[Target]] = {}
         self.skipped: dict[str, list[Skipped]] = {}
         for alias, model in config.models.items():
-            self._resolve(alias, [(t.provider, t.model) for t in model.targets])
+            self._resolve(alias, model.targets)
 
-    def _resolve(self, alias: str, pairs: list[tuple[str, str]]) -> None:
+    def _resolve(self, alias: str, configured: list[TargetConfig]) -> None:
         reasons = {d.name: d.reason for d in self.disabled}
         targets, skipped = [], []
-        for provider_name, model in pairs:
-            if provider_name in reasons:
-                skipped.append(Skipped(f"{provider_name}/{model}", reasons[provider_name]))
+        for entry in configured:
+            name = entry.provider
+            if name in reasons:
+                skipped.append(Skipped(f"{name}/{entry.model}", reasons[name]))
                 continue
-            timeouts = _timeouts(self.config.providers[provider_name])
-            provider = self.providers[provider_name]
-            targets.append(Target(alias, provider_name, model, provider, timeouts))
+            provider_config = self.config.providers[name]
+            provider = self.providers[name]
+            targets.append(
+                Target(
+                    alias=alias,
+                    provider_name=name,
+                    model=entry.model,
+                    provider=provider,
+                    timeouts=_timeouts(provider_config),
+                    weight=entry.weight,
+                    price=entry.price,
+                    local=provider_config.local,
+                    max_context=entry.max_context or provider.capabilities.max_context,
+                )
+            )
         self.targets[alias] = targets
         self.skipped[alias] = skipped
 

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from msgspec import Struct
 
+from core.config_tenants import Price
 from core.protocols import Provider, Timeouts
 
 
-class Target(Struct, frozen=True):
-    """A place a request can go. ``provider`` is the live adapter object."""
+class Target(Struct, frozen=True, kw_only=True):
+    """A place a request can go. ``provider`` is the live adapter object; ``local`` marks
+    the team's own hardware (data residency); ``max_context`` is in tokens."""
 
     alias: str
     provider_name: str
     model: str
     provider: Provider
     timeouts: Timeouts
+    weight: float = 1.0
+    price: Price | None = None
+    local: bool = False
+    max_context: int | None = None
 
     @property
     def label(self) -> str:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from core.config import OpenAIProviderConfig
+from core.config import OpenAIProviderConfig, VllmProviderConfig
 from core.errors import UpstreamMalformedError, UpstreamServerError
 from core.protocols import CallContext, Capabilities
 from core.wire import (
@@ -36,7 +36,7 @@ class OpenAIProvider(HttpProvider):
         self,
         name: str,
         client: httpx.AsyncClient,
-        config: OpenAIProviderConfig,
+        config: OpenAIProviderConfig | VllmProviderConfig,
         api_key: str | None,
     ) -> None:
         super().__init__(name, client, config.base_url, api_key, config.headers)

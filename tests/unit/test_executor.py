@@ -52,7 +52,13 @@ class Scripted:
 
 
 def target(provider, first_token=5.0):
-    return Target("alias", provider.name, "m", provider, Timeouts(total=5.0, first_token=first_token))
+    return Target(
+        alias="alias",
+        provider_name=provider.name,
+        model="m",
+        provider=provider,
+        timeouts=Timeouts(total=5.0, first_token=first_token),
+    )
 
 
 class Sleeps(list):
