@@ -41,6 +41,7 @@ class Timeouts(Struct, frozen=True, kw_only=True):
     connect: float = 5.0
     total: float = 600.0
     first_token: float = 60.0
+    idle: float = 60.0  # longest gap between two streamed chunks
 
 
 class CallContext(Struct, kw_only=True):

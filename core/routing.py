@@ -56,3 +56,15 @@ class HealthView(Protocol):
     """A consistent snapshot of every target's health, read once per routing decision."""
 
     def health(self, label: str) -> TargetHealth: ...
+
+
+class AttemptObserver(Protocol):
+    """Told about every call to a target (breakers, latency stats, capacity accounting).
+    Must not block or raise; ``error`` is the error class name, None on success; ``ttft_s``
+    is the time to the first chunk (streams) or to the whole answer."""
+
+    def attempt_started(self, label: str) -> None: ...
+
+    def attempt_finished(
+        self, label: str, *, error: str | None, ttft_s: float | None, retryable: bool
+    ) -> None: ...

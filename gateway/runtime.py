@@ -79,6 +79,7 @@ def _timeouts(config: ProviderConfig) -> Timeouts:
         connect=config.connect_timeout_s,
         total=config.timeout_s,
         first_token=min(config.first_token_timeout_s, config.timeout_s),
+        idle=config.stream_idle_timeout_s,
     )
 
 
