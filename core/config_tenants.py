@@ -95,6 +95,9 @@ class LedgerConfig(_Strict, frozen=True):
     backend: Literal["auto", "sqlite", "redis"] = "auto"
     path: str = "switchyard-usage.sqlite3"
     stream_maxlen: PositiveInt | None = None  # None: the stream is never trimmed
+    # Redis backend only: the local SQLite file where rows wait while Redis is unreachable,
+    # replayed into the stream when it is back (relative paths start at the policy file).
+    spool_path: str = "switchyard-ledger-spool.sqlite3"
 
 
 class Price(_Strict, frozen=True):

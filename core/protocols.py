@@ -51,6 +51,9 @@ class CallContext(Struct, kw_only=True):
     upstream_model: str
     timeouts: Timeouts = Timeouts()
     raw_body: bytes | None = None  # the client's JSON, forwarded to OpenAI-compatible upstreams
+    tenant: str | None = None
+    prompt_cache_key: str | None = None  # OpenAI's prompt_cache_key, set per tenant
+    cache_control_min_chars: int | None = None  # Anthropic: mark stable prefixes this long
 
 
 @runtime_checkable

@@ -10,8 +10,9 @@ from litestar.exceptions import HTTPException
 
 from core.config import Config
 from core.errors import GatewayError
-from gateway import chat, misc
+from gateway import admin, chat, misc, usage_routes
 from gateway.errors import gateway_error_handler, http_error_handler, unexpected_error_handler
+from gateway.reload import Reloader
 from gateway.runtime import Progress
 from gateway.state import GatewayState
 
@@ -26,7 +27,11 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         state = GatewayState(config, env, progress)
         app.state.gateway = state
-        state.start()
+        await state.start()
+        if config.source is not None:
+            state.reloader = Reloader(state, config.source)
+            if config.server.watch_config:
+                state.spawn(state.reloader.watch(config.server.watch_interval_s))
         try:
             yield
         finally:
@@ -41,6 +46,10 @@ def create_app(
             misc.get_model,
             misc.healthz,
             misc.readyz,
+            admin.reload_policy,
+            admin.list_targets,
+            usage_routes.admin_usage,
+            usage_routes.tenant_usage,
         ],
         lifespan=[lifespan],
         exception_handlers={

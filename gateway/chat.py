@@ -12,12 +12,11 @@ from litestar.response import Stream
 
 from core.errors import GatewayError, UpstreamServerError
 from core.wire import ChatRequest, ChatResult, StreamOptions, StreamPart, encoder
-from gateway import sse
+from gateway import caching, sse
 from gateway.context import RequestRecord
 from gateway.errors import decode_body
-from gateway.state import GatewayState
-from routers.executor import Trace, close_stream
-from routers.filters import filter_capable
+from gateway.pipeline import Scope
+from routers.executor import close_stream
 from routers.targets import Target
 
 _decoder = msgspec.json.Decoder(ChatRequest)
@@ -32,58 +31,81 @@ def decode_chat(raw: bytes) -> ChatRequest:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    state: GatewayState = request.app.state.gateway
-    record = RequestRecord(request, "chat")
+    scope = Scope(request, "chat")
+    record = scope.record
     try:
+        scope.authenticate()
         raw = await request.body()
         req = decode_chat(raw)
-        record.model, record.stream = req.model, req.stream
-        runtime = state.runtime
-        targets, skipped = runtime.plan_for(req.model)
-        plan, unable = filter_capable(req, targets)
-        record.trace = trace = Trace([*skipped, *unable])
+        record.stream = req.stream
+        scope.authorize(req.model)
+        plan = scope.plan_chat(req)
+        assert scope.route is not None
+        await scope.admit(plan, scope.route.prompt_tokens, scope.route.output_tokens)
+        cache = caching.CacheUse(scope, req, raw)
+        hit = await cache.lookup()
+        if hit is not None:
+            return await caching.replay(scope, req, hit)
+        plan = await scope.wait_for_capacity(plan)
+        await scope.prefer_sticky(plan, req)
+        scope.use_provider_caches()
         if req.stream:
-            return await _open_stream(state, record, req, raw, plan, trace)
-        result: ChatResult = await runtime.executor.call(
-            req.model, plan, lambda t: t.provider.chat(req, record.call_context(t, raw)), trace
+            return await _open_stream(scope, req, raw, plan.ordered, cache)
+        result: ChatResult = await scope.runtime.executor.call(
+            req.model,
+            plan.ordered,
+            lambda t: t.provider.chat(req, record.call_context(t, raw)),
+            record.trace,
+            observer=scope.observer,
+            gate=scope.state.trackers.breakers.gate,
         )
     except GatewayError as exc:
-        record.finish(exc.status, exc)
+        exc.headers.update(record.extra_headers)
+        await scope.close(exc.status, exc)
+        raise
+    except BaseException:
+        await scope.close(CLIENT_CLOSED)
         raise
     record.usage = result.response.usage
-    record.finish(200)
+    await scope.close(200)
+    cache.store(result.response)
     body = result.raw if result.raw is not None else encoder.encode(result.response)
     return Response(body, media_type=_JSON, headers=record.headers())
 
 
 async def _open_stream(
-    state: GatewayState,
-    record: RequestRecord,
+    scope: Scope,
     req: ChatRequest,
     raw: bytes,
     plan: list[Target],
-    trace: Trace,
+    cache: caching.CacheUse,
 ) -> Response[Any]:
     """Wait for the first chunk (falling back until one comes), then commit to SSE."""
+    record = scope.record
     client_wants_usage = req.wants_usage_in_stream()
     upstream_req = msgspec.structs.replace(req, stream_options=StreamOptions(include_usage=True))
-    first, rest = await state.runtime.executor.open_stream(
+    first, rest = await scope.runtime.executor.open_stream(
         req.model,
         plan,
         lambda t: t.provider.stream_chat(upstream_req, record.call_context(t, raw)),
-        trace,
+        record.trace,
+        observer=scope.observer,
+        gate=scope.state.trackers.breakers.gate,
     )
     record.first_byte()
-    body = _stream_body(record, first, rest, client_wants_usage)
-    return Stream(body, media_type="text/event-stream", headers=_sse_headers(record))
+    body = _stream_body(scope, first, rest, client_wants_usage, cache)
+    return Stream(body, media_type="text/event-stream", headers=sse_headers(record))
 
 
-def _sse_headers(record: RequestRecord) -> dict[str, str]:
+def sse_headers(record: RequestRecord) -> dict[str, str]:
     return {**record.headers(), "cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def _encode_part(part: StreamPart, record: RequestRecord, wants_usage: bool) -> bytes | None:
+def _encode_part(
+    part: StreamPart, record: RequestRecord, wants_usage: bool, collected: caching.Collector
+) -> bytes | None:
     chunk = part.chunk
+    collected.add(chunk)
     if chunk.usage is not None:
         record.usage = chunk.usage
         if not chunk.choices and not wants_usage:
@@ -92,25 +114,32 @@ def _encode_part(part: StreamPart, record: RequestRecord, wants_usage: bool) -> 
 
 
 async def _stream_body(
-    record: RequestRecord,
+    scope: Scope,
     first: StreamPart,
     rest: AsyncIterator[StreamPart],
     wants_usage: bool,
+    cache: caching.CacheUse,
 ) -> AsyncIterator[bytes]:
     """The SSE body. A failure after the first byte becomes an error event and a clean
-    close; a client that goes away cancels this generator, which closes the upstream."""
+    close; a client that goes away cancels this generator, which closes the upstream. The
+    ledger row is committed before ``[DONE]`` (and also when the client went away)."""
+    record = scope.record
     status: int = CLIENT_CLOSED
     error: GatewayError | None = None
+    collected = cache.collector()
     try:
-        framed = _encode_part(first, record, wants_usage)
+        framed = _encode_part(first, record, wants_usage, collected)
         if framed is not None:
             yield framed
         async for part in rest:
-            framed = _encode_part(part, record, wants_usage)
+            framed = _encode_part(part, record, wants_usage, collected)
             if framed is not None:
                 yield framed
-        yield sse.DONE
         status = 200
+        await close_stream(rest)
+        await scope.close(status)
+        cache.store_collected(collected)
+        yield sse.DONE
     except GatewayError as exc:
         status, error = exc.status, exc
         yield sse.error_frame(exc)
@@ -120,4 +149,4 @@ async def _stream_body(
         yield sse.error_frame(error)
     finally:
         await close_stream(rest)
-        record.finish(status, error)
+        await scope.close(status, error)

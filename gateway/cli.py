@@ -1,4 +1,4 @@
-"""``switchyard`` command line: serve, check-config, worker, --version."""
+"""``switchyard`` command line: serve, check-config, worker, keys, usage, route, --version."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from core.config import ConfigError, load_config
-from gateway import __version__
+from gateway import __version__, cli_keys, cli_route, cli_usage
 
 DEFAULT_CONFIG = "config.yaml"
 
@@ -38,6 +38,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"config {path}: {len(config.models)} model aliases, "
         f"{len(config.providers)} providers; listening on http://{args.host}:{args.port}"
     )
+    if config.open_access:
+        _progress(
+            "no tenants configured: the gateway is open (anyone who can reach it may call "
+            "it); add a `tenants:` section to require API keys or JWTs"
+        )
     app = create_app(config, progress=_progress)
     uvicorn.run(
         app,
@@ -91,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         "worker", help="run a local-tier worker: `switchyard worker jax --help`", add_help=False
     )
     worker.add_argument("kind", choices=["jax"])
+    cli_keys.add_parser(commands)
+    cli_usage.add_parser(commands)
+    cli_route.add_parser(commands)
     return parser
 
 
@@ -103,6 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "keys":
+        return cli_keys.run(args)
+    if args.command == "usage":
+        return cli_usage.run(args)
+    if args.command == "route":
+        return cli_route.run(args, _config_path(args.config))
     return cmd_check_config(args)
 
 

@@ -12,6 +12,7 @@ from litestar import Request
 
 from core.errors import GatewayError
 from core.protocols import CallContext
+from core.tenancy import OPEN, Principal, UsageRow
 from core.wire import Usage
 from routers.executor import Trace
 from routers.targets import Target
@@ -41,6 +42,13 @@ class RequestRecord:
         self.trace = Trace()
         self.usage: Usage | None = None
         self.ttft_s: float | None = None
+        self.principal: Principal = OPEN
+        self.extra_headers: dict[str, str] = {}  # x-ratelimit-*, cache and queue reports
+        self.queue_s = 0.0
+        self.cache_hit = False
+        self.cost_usd = 0.0
+        self.prompt_cache_key: str | None = None
+        self.cache_control_min_chars: int | None = None
         self._done = False
 
     def call_context(self, target: Target, raw: bytes) -> CallContext:
@@ -50,7 +58,13 @@ class RequestRecord:
             upstream_model=target.model,
             timeouts=target.timeouts,
             raw_body=raw,
+            tenant=self.principal.tenant,
+            prompt_cache_key=self.prompt_cache_key,
+            cache_control_min_chars=self.cache_control_min_chars,
         )
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
 
     def first_byte(self) -> None:
         if self.ttft_s is None:
@@ -58,7 +72,7 @@ class RequestRecord:
 
     def headers(self) -> dict[str, str]:
         """Response headers that say what happened."""
-        headers = {"x-request-id": self.request_id}
+        headers = {"x-request-id": self.request_id, **self.extra_headers}
         served = self.trace.served_by
         if served is not None:
             headers["x-switchyard-provider"] = served.provider_name
@@ -67,7 +81,37 @@ class RequestRecord:
             headers["x-switchyard-route-reason"] = self.trace.route_reason()
         return headers
 
+    def usage_row(self, status: int, error: GatewayError | None, wall: float) -> UsageRow:
+        """The ledger row for this request as it stands (``wall``: Unix seconds now)."""
+        served = self.trace.served_by
+        usage = self.usage
+        latency = self.elapsed_s()
+        return UsageRow(
+            request_id=self.request_id,
+            ts=wall - latency,
+            tenant=self.principal.tenant,
+            key_id=self.principal.key_id,
+            model=self.model,
+            provider=served.provider_name if served else None,
+            upstream_model=served.model if served else None,
+            endpoint=self.endpoint,
+            stream=self.stream,
+            status=status,
+            error=_error_name(error),
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=(usage.cached_tokens or 0) if usage else 0,
+            cost_usd=self.cost_usd,
+            ttft_ms=round(self.ttft_s * 1000, 3) if self.ttft_s is not None else None,
+            latency_ms=round(latency * 1000, 3),
+            queue_ms=round(self.queue_s * 1000, 3),
+            attempts=len(self.trace.attempts),
+            fallbacks=self.trace.fallbacks,
+            cache_hit=self.cache_hit,
+        )
+
     def finish(self, status: int, error: GatewayError | None = None) -> None:
+        """Write the one ``request.completed`` line (only the first call counts)."""
         if self._done:
             return
         self._done = True
@@ -78,6 +122,8 @@ class RequestRecord:
             "request.completed",
             request_id=self.request_id,
             endpoint=self.endpoint,
+            tenant=self.principal.tenant,
+            key_id=self.principal.key_id,
             model=self.model,
             provider=served.provider_name if served else None,
             upstream_model=served.model if served else None,
@@ -90,5 +136,12 @@ class RequestRecord:
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
-            error=error.code or type(error).__name__ if error else None,
+            cost_usd=round(self.cost_usd, 8),
+            queue_ms=round(self.queue_s * 1000, 2),
+            cache_hit=self.cache_hit,
+            error=_error_name(error),
         )
+
+
+def _error_name(error: GatewayError | None) -> str | None:
+    return (error.code or type(error).__name__) if error else None

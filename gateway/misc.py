@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.response import Stream
 
-from core.errors import GatewayError, InvalidRequestError, ModelNotFoundError
+from core.errors import GatewayError, ModelNotFoundError
 from core.protocols import CompletionProvider, EmbeddingProvider
 from core.wire import (
     CompletionRequest,
@@ -21,11 +21,13 @@ from core.wire import (
     encoder,
 )
 from gateway import sse
-from gateway.context import RequestRecord
+from gateway.chat import CLIENT_CLOSED, sse_headers
 from gateway.errors import decode_body
+from gateway.pipeline import Scope
 from gateway.state import GatewayState
-from routers.executor import Trace, close_stream
-from routers.targets import Skipped, Target
+from routers.executor import close_stream
+from routers.planner import Plan
+from routers.targets import Target
 
 _JSON = "application/json"
 _embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
@@ -81,98 +83,108 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(encoder.encode(body), media_type=_JSON, status_code=200 if ready else 503)
 
 
-def _plan(
-    state: GatewayState, model: str, capability: str, kind: type
-) -> tuple[list[Target], list[Skipped]]:
-    targets, skipped = state.runtime.plan_for(model)
-    capable = [t for t in targets if isinstance(t.provider, kind)]
-    if targets and not capable:
-        raise InvalidRequestError(
-            f"model '{model}' does not support {capability}",
-            param="model",
-            code="unsupported_endpoint",
-        )
-    return capable, skipped
+def _estimate(raw: bytes) -> int:
+    """Prompt tokens, roughly (characters / 4), before any tokenizer has seen the body."""
+    return len(raw) // 4
 
 
-def _answer(record: RequestRecord, result: RawResult) -> Response[bytes]:
-    record.usage = result.usage
-    record.finish(200)
-    return Response(result.body, media_type=_JSON, headers=record.headers())
+async def _run(scope: Scope, model: str, plan: Plan, call: Callable[[Target], Any]) -> Any:
+    plan = await scope.wait_for_capacity(plan)
+    return await scope.runtime.executor.call(
+        model,
+        plan.ordered,
+        call,
+        scope.record.trace,
+        observer=scope.observer,
+        gate=scope.state.trackers.breakers.gate,
+    )
+
+
+async def _answer(scope: Scope, result: RawResult) -> Response[bytes]:
+    scope.record.usage = result.usage
+    await scope.close(200)
+    return Response(result.body, media_type=_JSON, headers=scope.record.headers())
+
+
+async def _failed(scope: Scope, exc: BaseException) -> None:
+    if isinstance(exc, GatewayError):
+        exc.headers.update(scope.record.extra_headers)
+        await scope.close(exc.status, exc)
+    else:
+        await scope.close(CLIENT_CLOSED)
 
 
 @post("/v1/embeddings", status_code=200)
 async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
-    state = _state(request)
-    record = RequestRecord(request, "embeddings")
+    scope = Scope(request, "embeddings")
     try:
+        scope.authenticate()
         raw = await request.body()
         req = decode_body(_embedding_decoder, raw)
-        record.model = req.model
-        plan, skipped = _plan(state, req.model, "embeddings", EmbeddingProvider)
-        record.trace = Trace(skipped)
-        result: RawResult = await state.runtime.executor.call(
+        scope.authorize(req.model)
+        plan = scope.plan_other(req.model, EmbeddingProvider, "embeddings", _estimate(raw), 0)
+        await scope.admit(plan, _estimate(raw), 0)
+        ctx = scope.record.call_context
+        result: RawResult = await _run(
+            scope,
             req.model,
             plan,
-            lambda t: cast(EmbeddingProvider, t.provider).embed(req, record.call_context(t, raw)),
-            record.trace,
+            lambda t: cast(EmbeddingProvider, t.provider).embed(req, ctx(t, raw)),
         )
-    except GatewayError as exc:
-        record.finish(exc.status, exc)
+    except BaseException as exc:
+        await _failed(scope, exc)
         raise
-    return _answer(record, result)
+    return await _answer(scope, result)
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    state = _state(request)
-    record = RequestRecord(request, "completions")
+    scope = Scope(request, "completions")
+    record = scope.record
     try:
+        scope.authenticate()
         raw = await request.body()
         req: CompletionRequest = decode_body(_completion_decoder, raw)
-        record.model, record.stream = req.model, req.stream
-        plan, skipped = _plan(state, req.model, "completions", CompletionProvider)
-        record.trace = Trace(skipped)
-        executor = state.runtime.executor
+        record.stream = req.stream
+        scope.authorize(req.model)
+        est = _estimate(raw)
+        plan = scope.plan_other(req.model, CompletionProvider, "completions", est, req.max_tokens)
+        await scope.admit(plan, est, req.max_tokens or 256)
+        ctx = record.call_context
         if req.stream:
-            first, rest = await executor.open_stream(
+            plan = await scope.wait_for_capacity(plan)
+            first, rest = await scope.runtime.executor.open_stream(
                 req.model,
-                plan,
-                lambda t: cast(CompletionProvider, t.provider).stream_complete(
-                    req, record.call_context(t, raw)
-                ),
+                plan.ordered,
+                lambda t: cast(CompletionProvider, t.provider).stream_complete(req, ctx(t, raw)),
                 record.trace,
+                observer=scope.observer,
+                gate=scope.state.trackers.breakers.gate,
             )
             record.first_byte()
-            body = _raw_stream(
-                record,
-                first,
-                rest,
-                req.stream_options is not None and req.stream_options.include_usage,
-            )
-            headers = {**record.headers(), "cache-control": "no-cache"}
-            return Stream(body, media_type="text/event-stream", headers=headers)
-        result: RawResult = await executor.call(
+            wants_usage = req.stream_options is not None and req.stream_options.include_usage
+            body = _raw_stream(scope, first, rest, wants_usage)
+            return Stream(body, media_type="text/event-stream", headers=sse_headers(record))
+        result: RawResult = await _run(
+            scope,
             req.model,
             plan,
-            lambda t: cast(CompletionProvider, t.provider).complete(
-                req, record.call_context(t, raw)
-            ),
-            record.trace,
+            lambda t: cast(CompletionProvider, t.provider).complete(req, ctx(t, raw)),
         )
-    except GatewayError as exc:
-        record.finish(exc.status, exc)
+    except BaseException as exc:
+        await _failed(scope, exc)
         raise
-    return _answer(record, result)
+    return await _answer(scope, result)
 
 
 async def _raw_stream(
-    record: RequestRecord,
+    scope: Scope,
     first: RawStreamPart,
     rest: AsyncIterator[RawStreamPart],
     wants_usage: bool,
 ) -> AsyncIterator[bytes]:
-    status, error = 499, None
+    record = scope.record
+    status, error = CLIENT_CLOSED, None
     try:
         part: RawStreamPart | None = first
         while part is not None:
@@ -181,11 +193,13 @@ async def _raw_stream(
             if part.has_choices or wants_usage:
                 yield sse.frame(part.data)
             part = await anext(rest, None)
-        yield sse.DONE
         status = 200
+        await close_stream(rest)
+        await scope.close(status)
+        yield sse.DONE
     except GatewayError as exc:
         status, error = exc.status, exc
         yield sse.error_frame(exc)
     finally:
         await close_stream(rest)
-        record.finish(status, error)
+        await scope.close(status, error)

@@ -6,13 +6,17 @@ never changes a request in flight.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import httpx
+import msgspec
 import structlog
 from msgspec import Struct
 
+from core.clock import Clock, SystemClock
 from core.config import (
     AnthropicProviderConfig,
     Config,
@@ -25,11 +29,29 @@ from core.config import (
 )
 from core.errors import ModelNotFoundError
 from core.protocols import Provider, Timeouts
+from policies.auth import Authenticator
+from policies.quotas import QuotaManager
+from policies.store.base import Store
 from routers.executor import Executor
+from routers.strategies import Strategy, build_strategy
 from routers.targets import Skipped, Target
 
 _log = structlog.get_logger("switchyard")
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The shared store (memory or Redis) and this replica's own memory store, which
+    fail-open quotas fall back to while the shared one is unreachable."""
+
+    shared: Store
+    local: Store
+
+    async def aclose(self) -> None:
+        await self.shared.aclose()
+        if self.local is not self.shared:
+            await self.local.aclose()
 
 
 class DisabledProvider(Struct, frozen=True):
@@ -84,7 +106,11 @@ def _timeouts(config: ProviderConfig) -> Timeouts:
 
 
 class Runtime:
-    """Everything a request needs from the config, built once per (re)load."""
+    """Everything a request needs from the config, built once per (re)load.
+
+    ``previous`` is the snapshot being replaced: providers whose config (and key) did not
+    change are carried over as they are (a local model is not reloaded); the ones left
+    behind are listed in ``retired`` for the caller to close once requests drain."""
 
     def __init__(
         self,
@@ -92,23 +118,55 @@ class Runtime:
         client: httpx.AsyncClient,
         env: Mapping[str, str] | None = None,
         progress: Progress | None = None,
+        previous: Runtime | None = None,
+        *,
+        stores: Stores,
+        clock: Clock | None = None,
     ) -> None:
         self.config = config
+        self.env = os.environ if env is None else env
+        clock = clock or SystemClock()
         self.executor = Executor(config.routing)
+        self.auth = Authenticator(config, self.env, clock)
+        self.quotas = QuotaManager(config.tenants, stores.shared, stores.local, clock)
+        self.strategies: dict[str, Strategy] = {
+            alias: build_strategy(model.strategy) for alias, model in config.models.items()
+        }
+        self.versions = {
+            alias: hashlib.blake2b(msgspec.json.encode(model.targets), digest_size=8).hexdigest()
+            for alias, model in config.models.items()
+        }
         self.providers: dict[str, Provider] = {}
         self.disabled: list[DisabledProvider] = []
-        environment = os.environ if env is None else env
+        self._fresh: list[Provider] = []
+        self._keys: dict[str, str | None] = {}
         for name, provider_config in config.providers.items():
-            key, problem = _api_key(provider_config, environment)
+            key, problem = _api_key(provider_config, self.env)
             if problem:
                 self.disabled.append(DisabledProvider(name, problem))
                 _log.warning("provider.disabled", provider=name, reason=problem)
                 continue
-            self.providers[name] = build_provider(name, provider_config, client, key, progress)
+            self._keys[name] = key
+            reused = previous._reusable(name, provider_config, key) if previous else None
+            if reused is None:
+                reused = build_provider(name, provider_config, client, key, progress)
+                self._fresh.append(reused)
+            self.providers[name] = reused
+        kept = {id(p) for p in self.providers.values()}
+        self.retired = [
+            p for p in (previous.providers.values() if previous else ()) if id(p) not in kept
+        ]
         self.targets: dict[str, list[Target]] = {}
         self.skipped: dict[str, list[Skipped]] = {}
         for alias, model in config.models.items():
             self._resolve(alias, model.targets)
+
+    def _reusable(self, name: str, config: ProviderConfig, key: str | None) -> Provider | None:
+        """This snapshot's provider ``name`` if it was built from the same config and key."""
+        mine = self.config.providers.get(name)
+        if name in self.providers and mine == config and self._keys.get(name) == key:
+            return self.providers[name]
+        return None
 
     def _resolve(self, alias: str, configured: list[TargetConfig]) -> None:
         reasons = {d.name: d.reason for d in self.disabled}
@@ -149,7 +207,8 @@ class Runtime:
         return all(provider.is_ready() for provider in self.providers.values())
 
     async def start(self) -> None:
-        for provider in self.providers.values():
+        """Start the providers this snapshot built (carried-over ones are running)."""
+        for provider in self._fresh:
             await provider.start()
 
     async def aclose(self) -> None:

@@ -1,37 +1,142 @@
-"""The app's long-lived state: the shared HTTP client and the current runtime snapshot."""
+"""The app's long-lived state: the HTTP client, shared-state store, usage ledger, what the
+gateway learns about targets, and the current runtime snapshot (swapped on reload)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from core.config import Config
-from gateway.runtime import Progress, Runtime
+from core.clock import Clock, SystemClock
+from core.config import Config, VllmProviderConfig
+from core.tenancy import UsageRow
+from gateway.health import Trackers
+from gateway.runtime import Progress, Runtime, Stores
+from local_tier.capacity import CapacityMonitor, ReplicaSpec
+from local_tier.prefix_index import PrefixIndex
+from policies.admission import AdmissionQueue
+from policies.breaker import SharedBreakers
+from policies.latency import LatencyStats
+from policies.ledger import Ledger, open_ledger
+from policies.response_cache import ResponseCache
+from policies.sticky import StickyRoutes
+from policies.store import MemoryStore, RedisStore
 from providers.transport import make_client
 
+if TYPE_CHECKING:
+    from gateway.reload import Reloader
+
 _log = structlog.get_logger("switchyard")
+# Router-side prefix index size per replica, in 64-character blocks (~16 tokens each):
+# 4,096 blocks ~ 64k tokens, more than a small CPU replica's KV cache holds.
+_PREFIX_BLOCKS_PER_REPLICA = 4096
+
+
+def open_stores(config: Config, clock: Clock) -> Stores:
+    """The shared store named by ``state`` and a per-replica memory store for fail-open."""
+    local = MemoryStore(clock)
+    if config.state.backend == "redis":
+        return Stores(shared=RedisStore(config.state.redis, clock), local=local)
+    return Stores(shared=local, local=local)
+
+
+def target_labels(config: Config) -> list[str]:
+    return [f"{t.provider}/{t.model}" for m in config.models.values() for t in m.targets]
+
+
+def local_replicas(config: Config) -> dict[str, ReplicaSpec]:
+    """Every target served by a local worker, keyed by target label."""
+    replicas: dict[str, ReplicaSpec] = {}
+    for model in config.models.values():
+        for target in model.targets:
+            provider = config.providers.get(target.provider)
+            if isinstance(provider, VllmProviderConfig):
+                replicas[f"{target.provider}/{target.model}"] = ReplicaSpec.from_provider(provider)
+    return replicas
+
+
+class InFlight:
+    """Counts requests and ledger commits in progress, so shutdown can wait for them."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.commits: set[asyncio.Task[None]] = set()
+
+    def enter(self) -> None:
+        self.requests += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.requests -= 1
+        if self.requests == 0:
+            self._idle.set()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (or the timeout); then for every commit."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        finally:
+            if self.commits:
+                await asyncio.gather(*self.commits, return_exceptions=True)
+        return True
 
 
 class GatewayState:
-    """Owns the HTTP client and the runtime; ``runtime`` is read once per request."""
+    """Owns everything that lives as long as the process; ``runtime`` is read once per
+    request and replaced as a whole on reload."""
 
     def __init__(
-        self, config: Config, env: Mapping[str, str] | None = None, progress: Progress | None = None
+        self,
+        config: Config,
+        env: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock = clock or SystemClock()
         self.client = make_client()
         self.env = os.environ if env is None else env
         self.progress = progress
-        self.runtime = Runtime(config, self.client, self.env, progress)
+        self.stores = open_stores(config, self.clock)
+        shared = self.stores.shared
+        redis = shared if isinstance(shared, RedisStore) else None
+        self.ledger: Ledger = open_ledger(config, redis)
+        self.queue = AdmissionQueue(config.routing.queue, _weights(config), self.clock)
+        capacity = CapacityMonitor(
+            local_replicas(config),
+            self.client,
+            self.clock,
+            prefix_index=PrefixIndex(_PREFIX_BLOCKS_PER_REPLICA, self.clock),
+            on_poll=self.queue.notify,
+        )
+        self.trackers = Trackers(
+            SharedBreakers(config.routing.breaker, shared, self.clock),
+            LatencyStats(self.clock),
+            capacity,
+        )
+        self.trackers.breakers.track(target_labels(config))
+        self.responses = ResponseCache(config.response_cache, shared, self.clock)
+        self.sticky = StickyRoutes(shared, config.routing.prompt_cache.sticky_ttl_s, self.clock)
+        self.runtime = Runtime(config, self.client, self.env, progress, stores=self.stores)
         self.created = int(time.time())
+        self.in_flight = InFlight()
         self._start_task: asyncio.Task[None] | None = None
+        self.reloader: Reloader | None = None  # set when the config came from a file
+        self._background: set[asyncio.Task[None]] = set()
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Start providers in the background so /healthz answers while a model loads."""
         self._start_task = asyncio.create_task(self._start())
+        await self.trackers.capacity.start()
+        await self.trackers.breakers.start()
 
     async def _start(self) -> None:
         try:
@@ -39,7 +144,11 @@ class GatewayState:
         except Exception:
             _log.exception("providers.start_failed")
             raise
-        _log.info("gateway.ready", models=sorted(self.runtime.targets))
+        _log.info(
+            "gateway.ready",
+            models=sorted(self.runtime.targets),
+            open_access=self.runtime.config.open_access,
+        )
 
     def startup_failed(self) -> BaseException | None:
         task = self._start_task
@@ -47,8 +156,54 @@ class GatewayState:
             return None
         return task.exception()
 
+    async def swap(self, runtime: Runtime) -> None:
+        """Make ``runtime`` current; requests holding the old one finish on it. Providers
+        the new one dropped are closed after the drain timeout."""
+        old, self.runtime = self.runtime, runtime
+        config = runtime.config
+        self.trackers.capacity.configure(local_replicas(config))
+        self.trackers.breakers.track(target_labels(config))
+        self.queue.set_weights(_weights(config))
+        if runtime.retired:
+            self.spawn(_close_later(runtime, config.server.drain_timeout_s))
+        _log.info("config.reloaded", models=sorted(runtime.targets), replaced=id(old))
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background (cancelled at shutdown)."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def commit(self, row: UsageRow) -> asyncio.Task[None]:
+        """Start committing ``row``; the task is shielded from the request's cancellation
+        (a client that goes away must not lose its row) and awaited again at shutdown."""
+        task = asyncio.create_task(self.ledger.append(row))
+        self.in_flight.commits.add(task)
+        task.add_done_callback(self.in_flight.commits.discard)
+        return task
+
     async def aclose(self) -> None:
+        """Graceful shutdown: wait for requests in flight (bounded), then close in order."""
+        drained = await self.in_flight.drained(self.runtime.config.server.drain_timeout_s)
+        if not drained:
+            _log.warning("shutdown.drain_timeout", in_flight=self.in_flight.requests)
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()
+        for task in list(self._background):
+            task.cancel()
+        await self.trackers.capacity.aclose()
+        await self.trackers.breakers.aclose()
         await self.runtime.aclose()
+        await self.ledger.aclose()
+        await self.stores.aclose()
         await self.client.aclose()
+
+
+def _weights(config: Config) -> dict[str, float]:
+    return {name: tenant.weight for name, tenant in config.tenants.items()}
+
+
+async def _close_later(runtime: Runtime, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    for provider in runtime.retired:
+        await provider.aclose()

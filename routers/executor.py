@@ -1,18 +1,24 @@
-"""The executor walks a plan: each target under tenacity (transient errors of that target
-only), then the next target on errors whose class says ``fallback_ok``; a client error (400)
-never fans out. Streams fall back only until their first chunk has arrived.
+"""The executor walks a plan: each target with retries (transient errors of that target
+only, within the retry budget), then the next target on errors whose class says
+``fallback_ok``; a client error (400) never fans out. Streams fall back only until their
+first chunk has arrived; after it, a gap longer than the target's idle timeout ends the
+stream with ``UpstreamTimeoutError``.
+
+Around every attempt an optional ``AttemptObserver`` hears about it (breakers, latency
+stats); before every target (and every retry) an optional ``gate`` may refuse it (an open
+breaker, a half-open breaker with no probe slot left).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from msgspec import Struct
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from core.clock import Clock, SystemClock
 from core.config import RoutingConfig
 from core.errors import (
     AllTargetsFailedError,
@@ -23,11 +29,17 @@ from core.errors import (
     UpstreamServerError,
     UpstreamTimeoutError,
 )
+from core.routing import AttemptObserver
+from routers.planner import Plan
+from routers.retry_budget import RetryBudget
 from routers.targets import Skipped, Target
 
 T = TypeVar("T")
 P = TypeVar("P")
 Sleep = Callable[[float], Awaitable[None]]
+# True admits the target; False skips it as "circuit open"; a string skips it with that
+# string as the reason (e.g. "probe limit").
+Gate = Callable[[Target], Awaitable[bool | str]]
 
 
 class Attempt(Struct, frozen=True):
@@ -36,12 +48,22 @@ class Attempt(Struct, frozen=True):
 
 
 class Trace:
-    """What happened to one request on its way through the plan."""
+    """What happened to one request on its way through the plan. ``reasons`` are the
+    strategy's reasons per target label (``Plan.reasons``)."""
 
-    def __init__(self, skipped: Sequence[Skipped] = ()) -> None:
+    def __init__(
+        self, skipped: Sequence[Skipped] = (), reasons: Mapping[str, str] | None = None
+    ) -> None:
         self.attempts: list[Attempt] = []
         self.skipped = list(skipped)
+        self.reasons = dict(reasons or {})
         self.served_by: Target | None = None
+
+    @classmethod
+    def from_plan(cls, plan: Plan, skipped: Sequence[Skipped] = ()) -> Trace:
+        """A trace that starts with ``skipped`` (e.g. disabled providers) and the plan's
+        own skips and reasons."""
+        return cls([*skipped, *plan.skipped], plan.reasons)
 
     @property
     def fallbacks(self) -> int:
@@ -50,33 +72,73 @@ class Trace:
         return max(0, len(labels) - 1)
 
     def route_reason(self) -> str:
-        """A short human reason, sent as ``x-switchyard-route-reason``."""
+        """A short human reason, sent as ``x-switchyard-route-reason``: the strategy's reason
+        for the target that served, the targets that failed before it, the skipped ones."""
         if self.served_by is None:
             return "no target succeeded"
-        failed = sorted(
-            {a.label for a in self.attempts if a.error and a.label != self.served_by.label}
-        )
-        reason = "priority: first available target"
+        served = self.served_by.label
+        failed = sorted({a.label for a in self.attempts if a.error and a.label != served})
+        parts = [self.reasons[served]] if served in self.reasons else []
         if failed:
-            reason = f"fallback after {', '.join(failed)} failed"
+            parts.append(f"fallback after {', '.join(failed)} failed")
+        if not parts:
+            parts.append("priority: first available target")
         if self.skipped:
-            reason += "; skipped " + ", ".join(f"{s.label} ({s.reason})" for s in self.skipped)
-        return reason
+            parts.append("skipped " + ", ".join(f"{s.label} ({s.reason})" for s in self.skipped))
+        return "; ".join(parts)
+
+
+class Observers:
+    """Several ``AttemptObserver``s as one (breakers, latency stats, capacity), told in
+    the order given."""
+
+    def __init__(self, *observers: AttemptObserver) -> None:
+        self.observers = observers
+
+    def attempt_started(self, label: str) -> None:
+        for observer in self.observers:
+            observer.attempt_started(label)
+
+    def attempt_finished(
+        self, label: str, *, error: str | None, ttft_s: float | None, retryable: bool
+    ) -> None:
+        for observer in self.observers:
+            observer.attempt_finished(label, error=error, ttft_s=ttft_s, retryable=retryable)
+
+
+class _Hooks:
+    """The observer and gate in force for one ``Executor.call``."""
+
+    __slots__ = ("gate", "observer")
+
+    def __init__(self, observer: AttemptObserver | None, gate: Gate | None) -> None:
+        self.observer = observer
+        self.gate = gate
 
 
 class Executor:
-    """Runs calls against a plan with retries and fallback. ``sleep`` and ``jitter`` are
-    injected so tests run without waiting."""
+    """Runs calls against a plan with retries and fallback. ``sleep``, ``jitter`` and
+    ``clock`` are injected so tests run without waiting. ``retry_budget`` defaults to one
+    built from ``config.retry_budget`` on ``clock``."""
 
     def __init__(
         self,
         config: RoutingConfig,
         sleep: Sleep = asyncio.sleep,
         jitter: Callable[[], float] = random.random,
+        *,
+        observer: AttemptObserver | None = None,
+        gate: Gate | None = None,
+        retry_budget: RetryBudget | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._config = config
         self._sleep = sleep
         self._jitter = jitter
+        self._observer = observer
+        self._gate = gate
+        self._clock: Clock = clock or SystemClock()
+        self._budget = retry_budget or RetryBudget(config.retry_budget, self._clock)
 
     def _should_retry(self, exc: BaseException) -> bool:
         if not isinstance(exc, ProviderError):
@@ -96,19 +158,15 @@ class Executor:
         base: float = self._config.retry_backoff_s * 2.0**retries_before
         return base * (0.5 + self._jitter())
 
-    def _wait(self, state: RetryCallState) -> float:
-        # attempt_number counts the retries after the plain first attempt.
-        exc = state.outcome.exception() if state.outcome else None
-        return self._backoff(exc, state.attempt_number)
-
-    def _retrying(self, attempts: int) -> AsyncRetrying:
-        return AsyncRetrying(
-            stop=stop_after_attempt(attempts),
-            retry=retry_if_exception(self._should_retry),
-            wait=self._wait,
-            sleep=self._sleep,
-            reraise=True,
-        )
+    @staticmethod
+    async def _refusal(target: Target, gate: Gate | None) -> str | None:
+        """Why ``gate`` refuses ``target`` now, or None when it may be called."""
+        if gate is None:
+            return None
+        verdict = await gate(target)
+        if verdict is True:
+            return None
+        return verdict or "circuit open"
 
     async def call(
         self,
@@ -116,12 +174,24 @@ class Executor:
         plan: Sequence[Target],
         call: Callable[[Target], Awaitable[T]],
         trace: Trace,
+        *,
+        observer: AttemptObserver | None = None,
+        gate: Gate | None = None,
     ) -> T:
-        """The first successful ``call(target)`` along ``plan``."""
+        """The first successful ``call(target)`` along ``plan``. Raises the first error
+        that may not fall back, ``AllTargetsFailedError`` when every called target failed,
+        ``NoTargetAvailableError`` when the plan is empty or the gate refused every target.
+        ``observer`` and ``gate`` apply to this call (per-request observers), in place of
+        the executor's own."""
+        hooks = _Hooks(observer or self._observer, gate or self._gate)
         failures: list[ProviderError] = []
         for target in _non_empty(model, plan, trace):
+            refusal = await self._refusal(target, hooks.gate)
+            if refusal is not None:
+                trace.skipped.append(Skipped(target.label, refusal))
+                continue
             try:
-                result = await self._call_target(target, call, trace)
+                result = await self._call_target(target, call, trace, hooks)
             except ProviderError as exc:
                 failures.append(exc)
                 if not exc.fallback_ok:
@@ -129,38 +199,58 @@ class Executor:
                 continue
             trace.served_by = target
             return result
+        if not failures:
+            raise _unavailable(model, trace)
         raise AllTargetsFailedError(model, failures)
 
     async def _call_target(
-        self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace
+        self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace, hooks: _Hooks
     ) -> T:
-        """One attempt at once; tenacity takes over only when it failed retryably, so the
-        common path pays nothing for the retry machinery."""
-        try:
-            return await self._attempt(target, call, trace)
-        except ProviderError as exc:
-            if not self._should_retry(exc) or self._config.max_attempts_per_target < 2:
-                raise
-            await self._sleep(self._backoff(exc, 0))
-        async for attempt in self._retrying(self._config.max_attempts_per_target - 1):
-            with attempt:
-                result = await self._attempt(target, call, trace)
-        return result
+        """Attempts at one target: the first at once, each retry after a backoff and only
+        while the error is transient, attempts are left, the retry budget has one and the
+        gate still admits the target (a breaker that just opened stops the retries)."""
+        self._budget.record_call(target.label)
+        retries = 0
+        while True:
+            try:
+                return await self._attempt(target, call, trace, hooks.observer)
+            except ProviderError as exc:
+                if not await self._may_retry(exc, target, retries, hooks.gate):
+                    raise
+                await self._sleep(self._backoff(exc, retries))
+                retries += 1
+
+    async def _may_retry(
+        self, exc: ProviderError, target: Target, retries: int, gate: Gate | None
+    ) -> bool:
+        if not self._should_retry(exc) or retries + 1 >= self._config.max_attempts_per_target:
+            return False
+        if not self._budget.try_retry(target.label):
+            return False
+        return await self._refusal(target, gate) is None
 
     async def _attempt(
-        self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace
+        self,
+        target: Target,
+        call: Callable[[Target], Awaitable[T]],
+        trace: Trace,
+        observer: AttemptObserver | None,
     ) -> T:
+        if observer is not None:
+            observer.attempt_started(target.label)
+        started = self._clock.now()
+        failure: BaseException | None = None
         try:
-            async with asyncio.timeout(target.timeouts.total):
-                result = await call(target)
-        except TimeoutError as exc:
-            error = _timeout(target, target.timeouts.total)
-            trace.attempts.append(Attempt(target.label, type(error).__name__))
-            raise error from exc
-        except ProviderError as exc:
-            exc.provider = exc.provider or target.provider_name
-            trace.attempts.append(Attempt(target.label, type(exc).__name__))
+            result = await _within_total(target, call)
+        except BaseException as exc:
+            failure = exc
+            if isinstance(exc, ProviderError):
+                exc.provider = exc.provider or target.provider_name
+                trace.attempts.append(Attempt(target.label, type(exc).__name__))
             raise
+        finally:
+            if observer is not None:
+                _tell(observer, target.label, failure, self._clock.now() - started)
         trace.attempts.append(Attempt(target.label))
         return result
 
@@ -170,10 +260,42 @@ class Executor:
         plan: Sequence[Target],
         open_stream: Callable[[Target], AsyncIterator[P]],
         trace: Trace,
+        *,
+        observer: AttemptObserver | None = None,
+        gate: Gate | None = None,
     ) -> tuple[P, AsyncIterator[P]]:
         """The first chunk and the rest of the first stream that yields one within its
-        target's first-token deadline. After that chunk the stream is committed."""
-        return await self.call(model, plan, lambda t: _first_and_rest(t, open_stream), trace)
+        target's first-token deadline. After that chunk the stream is committed; the rest
+        ends with ``UpstreamTimeoutError`` when a chunk takes longer than
+        ``timeouts.idle``. Closing the returned iterator closes the upstream stream."""
+        return await self.call(
+            model,
+            plan,
+            lambda t: _first_and_rest(t, open_stream),
+            trace,
+            observer=observer,
+            gate=gate,
+        )
+
+
+def _tell(
+    observer: AttemptObserver, label: str, failure: BaseException | None, took: float
+) -> None:
+    """Report one finished attempt. A cancelled attempt reports ``CancelledError``, which
+    observers treat as saying nothing about the target."""
+    if failure is None:
+        observer.attempt_finished(label, error=None, ttft_s=took, retryable=False)
+        return
+    retryable = isinstance(failure, ProviderError) and failure.retryable
+    observer.attempt_finished(label, error=type(failure).__name__, ttft_s=None, retryable=retryable)
+
+
+async def _within_total(target: Target, call: Callable[[Target], Awaitable[T]]) -> T:
+    try:
+        async with asyncio.timeout(target.timeouts.total):
+            return await call(target)
+    except TimeoutError as exc:
+        raise _timeout(target, target.timeouts.total) from exc
 
 
 async def _first_and_rest(
@@ -185,14 +307,49 @@ async def _first_and_rest(
     except BaseException:
         await close_stream(stream)  # release the upstream connection before moving on
         raise
-    return first, stream
+    return first, _IdleGuarded(target, stream)
+
+
+class _IdleGuarded(Generic[P]):
+    """``stream`` with a deadline of ``timeouts.idle`` on every next chunk. ``aclose``
+    closes the upstream stream even when iteration never started (a class rather than an
+    async generator for that reason: closing an unstarted generator skips its cleanup)."""
+
+    def __init__(self, target: Target, stream: AsyncIterator[P]) -> None:
+        self._target = target
+        self._stream = stream
+
+    def __aiter__(self) -> _IdleGuarded[P]:
+        return self
+
+    async def __anext__(self) -> P:
+        idle = self._target.timeouts.idle
+        deadline = asyncio.timeout(idle)
+        try:
+            async with deadline:
+                return await anext(self._stream)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            await self.aclose()
+            name = self._target.provider_name
+            raise UpstreamTimeoutError(
+                f"upstream {name} sent nothing for {idle:g}s mid-stream", provider=name
+            ) from exc
+
+    async def aclose(self) -> None:
+        await close_stream(self._stream)
 
 
 def _non_empty(model: str, plan: Sequence[Target], trace: Trace) -> Sequence[Target]:
     if not plan:
-        skipped = "; ".join(f"{s.label}: {s.reason}" for s in trace.skipped) or "none configured"
-        raise NoTargetAvailableError(f"no target is available for model '{model}' ({skipped})")
+        raise _unavailable(model, trace)
     return plan
+
+
+def _unavailable(model: str, trace: Trace) -> NoTargetAvailableError:
+    skipped = "; ".join(f"{s.label}: {s.reason}" for s in trace.skipped) or "none configured"
+    return NoTargetAvailableError(f"no target is available for model '{model}' ({skipped})")
 
 
 def _timeout(target: Target, seconds: float) -> UpstreamTimeoutError:

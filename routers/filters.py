@@ -1,10 +1,12 @@
-"""Capability filters: drop targets that cannot express a request. Pure functions."""
+"""Filters run before a strategy: each drops the targets that must not be tried for a
+request and says why (``Skipped``). Pure functions; the planner chains them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.errors import InvalidRequestError
+from core.errors import ContextLengthError, InvalidRequestError
+from core.routing import HealthView
 from core.wire import ChatRequest, ImagePart
 from routers.targets import Skipped, Target
 
@@ -54,3 +56,56 @@ def filter_capable(
             code="unsupported_parameter",
         )
     return kept, skipped
+
+
+def filter_local(targets: Sequence[Target]) -> tuple[list[Target], list[Skipped]]:
+    """Data residency: keep only the team's own hardware. Run on the whole candidate list,
+    before anything else, so no fallback can ever reach a managed API."""
+    kept = [t for t in targets if t.local]
+    skipped = [Skipped(t.label, "not local (data residency)") for t in targets if not t.local]
+    return kept, skipped
+
+
+def filter_context(
+    prompt_tokens: int, output_tokens: int, targets: Sequence[Target]
+) -> tuple[list[Target], list[Skipped]]:
+    """Drop targets whose ``max_context`` is smaller than prompt + expected output tokens
+    (targets with no known limit stay). Raises ``ContextLengthError`` (400) when none fits:
+    a longer window elsewhere is the only thing that could have helped."""
+    need = prompt_tokens + output_tokens
+    kept: list[Target] = []
+    skipped: list[Skipped] = []
+    for target in targets:
+        if target.max_context is not None and need > target.max_context:
+            skipped.append(Skipped(target.label, f"context {target.max_context} < {need}"))
+        else:
+            kept.append(target)
+    if targets and not kept:
+        largest = max(t.max_context or 0 for t in targets)
+        raise ContextLengthError(
+            f"This request needs about {need} tokens ({prompt_tokens} in the prompt, "
+            f"{output_tokens} to generate); the largest context available is {largest}.",
+            param="messages",
+        )
+    return kept, skipped
+
+
+def filter_health(
+    targets: Sequence[Target], health: HealthView
+) -> tuple[list[Target], list[Skipped], list[Target]]:
+    """Drop targets whose breaker is open ("circuit open") and saturated local replicas
+    ("saturated"). Returns (kept, skipped, saturated): the saturated ones are also handed
+    back so the caller can queue for them when nothing else is left."""
+    kept: list[Target] = []
+    skipped: list[Skipped] = []
+    saturated: list[Target] = []
+    for target in targets:
+        state = health.health(target.label)
+        if state.breaker == "open":
+            skipped.append(Skipped(target.label, "circuit open"))
+        elif state.saturated:
+            skipped.append(Skipped(target.label, "saturated"))
+            saturated.append(target)
+        else:
+            kept.append(target)
+    return kept, skipped, saturated

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# A real redis-server on a free loopback port (session) and an emptied URL per test.
+from tests.fixtures.redis_server import redis_server, redis_url  # noqa: F401
+
 
 @pytest.fixture
 def anyio_backend() -> str:

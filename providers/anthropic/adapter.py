@@ -13,6 +13,7 @@ from core.errors import UpstreamMalformedError
 from core.protocols import CallContext, Capabilities
 from core.wire import ChatRequest, ChatResult, StreamPart
 from providers.anthropic import convert, wire
+from providers.anthropic.cache_control import encode_request
 from providers.anthropic.stream import StreamConverter
 from providers.http import HttpProvider, iter_sse, mapped_errors, timeout_for
 
@@ -28,6 +29,9 @@ class AnthropicProvider(HttpProvider):
 
     Sends ``x-api-key`` (when a key is configured), ``anthropic-version`` and the configured
     extra headers (which may override the others, e.g. to add ``anthropic-beta``).
+    Prompt-cache breakpoints: the client's own ``cache_control`` marks (read from
+    ``ctx.raw_body``), else automatic ones when ``ctx.cache_control_min_chars`` is set
+    (see ``providers.anthropic.cache_control``).
     """
 
     capabilities = Capabilities(streaming=True, tools=True, vision=True, json_schema=True)
@@ -54,8 +58,13 @@ class AnthropicProvider(HttpProvider):
         return headers
 
     def _request(self, req: ChatRequest, ctx: CallContext, *, stream: bool) -> httpx.Request:
-        body = convert.build_request(
-            req, ctx.upstream_model, self.config.default_max_tokens, stream=stream
+        body = encode_request(
+            req,
+            ctx.upstream_model,
+            self.config.default_max_tokens,
+            stream=stream,
+            raw_body=ctx.raw_body,
+            min_chars=ctx.cache_control_min_chars,
         )
         headers = self._headers()
         if stream:
@@ -63,7 +72,7 @@ class AnthropicProvider(HttpProvider):
         return self.client.build_request(
             "POST",
             self.url,
-            content=wire.encoder.encode(body),
+            content=body,
             headers=headers,
             timeout=timeout_for(ctx),
         )

@@ -17,6 +17,9 @@ Request rules (what the client sends -> what Anthropic gets):
   (Anthropic's range is 0..1), json_schema together with client tools, audio/file parts.
   ``seed``, ``presence_penalty`` and ``frequency_penalty`` have no Anthropic equivalent and are
   dropped, as Anthropic's own OpenAI-compatible endpoint does.
+- Prompt-cache breakpoints (``cache_control``) are added to the encoded body by
+  ``providers.anthropic.cache_control``; ``build_located`` tells it where each client
+  message's blocks landed.
 """
 
 from __future__ import annotations
@@ -67,12 +70,20 @@ def build_request(
 ) -> wire.MessagesRequest:
     """The Anthropic body for ``req`` sent to ``model``; raises ``InvalidRequestError`` for
     what Anthropic cannot express."""
+    return build_located(req, model, default_max_tokens, stream=stream)[0]
+
+
+def build_located(
+    req: ChatRequest, model: str, default_max_tokens: int, *, stream: bool
+) -> tuple[wire.MessagesRequest, dict[int, BlockLocation]]:
+    """``build_request`` plus where each client message's last block landed (see
+    ``BlockLocation``), so cache breakpoints the client put on a message can follow it."""
     _check_expressible(req)
-    system, turns = convert_messages(req.messages)
+    system, turns, ends = convert_located(req.messages)
     if req.response_format is not None and req.response_format.type == "json_object":
         system.append(JSON_OBJECT_INSTRUCTION)
     tools, tool_choice = convert_tools(req)
-    return wire.MessagesRequest(
+    body = wire.MessagesRequest(
         model=model,
         messages=turns,
         max_tokens=req.output_limit() or default_max_tokens,
@@ -86,6 +97,7 @@ def build_request(
         tool_choice=tool_choice,
         stream=stream,
     )
+    return body, ends
 
 
 def _check_expressible(req: ChatRequest) -> None:
@@ -122,11 +134,29 @@ def _system_field(texts: list[str]) -> str | list[wire.TextBlock] | None:
 
 def convert_messages(messages: list[Message]) -> tuple[list[str], list[wire.RequestMessage]]:
     """(system texts in order, alternating user/assistant turns)."""
+    system, turns, _ = convert_located(messages)
+    return system, turns
+
+
+BlockLocation = tuple[int, int]
+"""Where a client message's last block went: ``(-1, i)`` is the i-th system text,
+``(t, b)`` is block ``b`` of turn ``t``."""
+
+
+def convert_located(
+    messages: list[Message],
+) -> tuple[list[str], list[wire.RequestMessage], dict[int, BlockLocation]]:
+    """``convert_messages`` plus, per message position that produced a block, the location
+    of its last block (messages that converted to nothing are absent)."""
     system: list[str] = []
     turns: list[wire.RequestMessage] = []
+    ends: dict[int, BlockLocation] = {}
     for position, msg in enumerate(messages):
         if msg.role in ("system", "developer"):
-            system.extend(_system_texts(msg, position))
+            texts = _system_texts(msg, position)
+            system.extend(texts)
+            if texts:
+                ends[position] = (-1, len(system) - 1)
             continue
         role, blocks = _turn(msg, position)
         if not blocks:
@@ -135,11 +165,12 @@ def convert_messages(messages: list[Message]) -> tuple[list[str], list[wire.Requ
             turns[-1].content.extend(blocks)
         else:
             turns.append(wire.RequestMessage(role=role, content=blocks))
+        ends[position] = (len(turns) - 1, len(turns[-1].content) - 1)
     if not turns:
         raise InvalidRequestError(
             "anthropic needs at least one non-empty user or assistant message", param="messages"
         )
-    return system, turns
+    return system, turns, ends
 
 
 def _system_texts(msg: Message, position: int) -> list[str]:

@@ -41,6 +41,9 @@ class OpenAIProvider(HttpProvider):
     ) -> None:
         super().__init__(name, client, config.base_url, api_key, config.headers)
         self._headers = {"content-type": "application/json", **self.extra_headers}
+        # OpenAI's prompt_cache_key means nothing to a local vLLM/JAX worker (which caches
+        # prefixes by itself and logs every unknown field), so it is only sent to APIs.
+        self._prompt_cache_key = not isinstance(config, VllmProviderConfig)
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
 
@@ -53,21 +56,27 @@ class OpenAIProvider(HttpProvider):
             timeout=timeout_for(ctx),
         )
 
-    def _body(self, ctx: CallContext, fallback: object, *, stream: bool) -> bytes:
+    def _body(
+        self, ctx: CallContext, fallback: object, *, stream: bool, cache_key: bool = False
+    ) -> bytes:
+        """The upstream body; ``cache_key`` adds ``ctx.prompt_cache_key`` (chat only: it is
+        a chat/responses parameter, and embeddings would reject an unknown field)."""
         raw = ctx.raw_body if ctx.raw_body is not None else encoder.encode(fallback)
-        return wire.rewrite_body(raw, ctx.upstream_model, force_usage=stream)
+        key = ctx.prompt_cache_key if cache_key and self._prompt_cache_key else None
+        return wire.rewrite_body(raw, ctx.upstream_model, force_usage=stream, prompt_cache_key=key)
 
     async def _post(self, path: str, body: bytes, ctx: CallContext) -> bytes:
         url = f"{self.base_url}{path}"
         return await self.post_bytes(url, body, self._headers, ctx, wire.read_error)
 
     async def chat(self, req: ChatRequest, ctx: CallContext) -> ChatResult:
-        body = await self._post("/chat/completions", self._body(ctx, req, stream=False), ctx)
+        body = self._body(ctx, req, stream=False, cache_key=True)
+        body = await self._post("/chat/completions", body, ctx)
         with mapped_errors(self.name):
             return ChatResult(wire.response_decoder.decode(body), raw=body)
 
     async def stream_chat(self, req: ChatRequest, ctx: CallContext) -> AsyncIterator[StreamPart]:
-        body = self._body(ctx, req, stream=True)
+        body = self._body(ctx, req, stream=True, cache_key=True)
         async for data in self._stream("/chat/completions", body, ctx):
             with mapped_errors(self.name):
                 chunk = wire.chunk_decoder.decode(data)

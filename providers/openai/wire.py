@@ -39,13 +39,20 @@ def read_error(body: bytes) -> tuple[str, str | None]:
     return error.message, error.param
 
 
-def rewrite_body(raw: bytes, model: str, *, force_usage: bool = False) -> bytes:
+def rewrite_body(
+    raw: bytes, model: str, *, force_usage: bool = False, prompt_cache_key: str | None = None
+) -> bytes:
     """The client's JSON with ``model`` replaced (and, for streams, usage requested).
 
-    Every other field goes to the upstream untouched, also fields the gateway does not know.
+    ``prompt_cache_key`` (OpenAI's prompt-cache routing hint, set per tenant by the gateway)
+    is added when given and the client did not send one of its own: the client knows its
+    traffic better. Every other field goes to the upstream untouched, also fields the
+    gateway does not know.
     """
     body = _dict_decoder.decode(raw)
     body["model"] = model
+    if prompt_cache_key is not None and body.get("prompt_cache_key") is None:
+        body["prompt_cache_key"] = prompt_cache_key
     if force_usage:
         options = body.get("stream_options") or {}
         body["stream_options"] = {**options, "include_usage": True}

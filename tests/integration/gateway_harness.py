@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from core.config import parse_config
+import msgspec
+
+from core.config import Config, LedgerConfig, parse_config
 from gateway.app import create_app
 from tests.fixtures.server import ServerThread, free_port
 
@@ -22,10 +25,20 @@ class Gateway:
         return self.url + "/v1"
 
 
+def with_private_ledger(config: Config) -> Config:
+    """``config`` with its SQLite ledger in a fresh temporary folder when the text left the
+    default relative path (tests must not write into the working directory)."""
+    if config.ledger.path != LedgerConfig().path:
+        return config
+    folder = tempfile.mkdtemp(prefix="switchyard-ledger-")
+    ledger = msgspec.structs.replace(config.ledger, path=f"{folder}/usage.sqlite3")
+    return msgspec.structs.replace(config, ledger=ledger)
+
+
 @contextmanager
 def running_gateway(config_yaml: str, env: dict[str, str]) -> Iterator[Gateway]:
     """A gateway serving ``config_yaml`` on a free loopback port until the block ends."""
-    app = create_app(parse_config(config_yaml), env=env)
+    app = create_app(with_private_ledger(parse_config(config_yaml)), env=env)
     server = ServerThread(app, port=free_port()).start()
     try:
         yield Gateway(server.url, app)

@@ -1,0 +1,122 @@
+"""One policy over one trace: the real planner and strategy decide, the models answer.
+
+Per request, in arrival order: drain the observations made so far into the health board,
+build the ``RouteRequest`` the gateway would (prompt tokens, ``max_tokens``, the class's TTFT
+objective), plan with ``routers.planner.plan_route`` (filters + the real strategy), then walk
+the plan like the executor: a target in an outage fails after ``fail_after_s`` and the next
+one is tried; the first that answers serves. The request's TTFT counts from its arrival, so
+time lost on failed attempts counts against the objective. When every candidate is a
+saturated local replica, the request queues there (the gateway's admission queue); when
+none is left at all, it fails.
+
+Randomness: the strategy gets ``random.Random(seed)``; a request's latency noise comes
+from ``random.Random(seed, request index)`` so every policy sees the same luck per request
+(common random numbers make the comparison between policies sharper).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.simulator.health import HealthBoard
+from bench.simulator.targets import LocalTier, Outage, SimTarget
+from bench.simulator.trace import SimRequest
+from core.errors import InvalidRequestError
+from core.protocols import Capabilities, Timeouts
+from core.routing import RouteRequest
+from routers.planner import plan_route
+from routers.strategies.base import Strategy
+from routers.targets import Target
+
+ALIAS = "chat"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one request. ``ttft_s`` counts from arrival (None: failed)."""
+
+    request: SimRequest
+    served_by: str | None
+    ttft_s: float | None
+    cost_usd: float
+    failed_attempts: tuple[str, ...] = ()
+
+    @property
+    def met_slo(self) -> bool:
+        return self.ttft_s is not None and self.ttft_s * 1000 <= self.request.slo_ttft_ms
+
+
+class _NoProvider:
+    """The planner only reads labels, prices and context sizes; nothing is ever called."""
+
+    name = "simulated"
+    capabilities = Capabilities()
+
+
+def as_target(model: SimTarget, weight: float = 1.0) -> Target:
+    provider, _, name = model.label.partition("/")
+    return Target(alias=ALIAS, provider_name=provider, model=name,
+                  provider=_NoProvider(),  # type: ignore[arg-type]
+                  timeouts=Timeouts(), weight=weight, price=model.price,
+                  local=isinstance(model, LocalTier), max_context=model.max_context)
+
+
+class Simulation:
+    """Runs ``strategy`` over ``targets`` (in config order) with ``outages``. Each
+    simulation owns fresh copies of the targets, so runs never share a local queue."""
+
+    def __init__(self, targets: Sequence[SimTarget], strategy: Strategy,
+                 outages: Sequence[Outage] = (), seed: int = 1,
+                 weights: dict[str, float] | None = None) -> None:
+        self.models = {m.label: copy.deepcopy(m) for m in targets}
+        self.targets = [as_target(m, (weights or {}).get(m.label, 1.0)) for m in targets]
+        self.strategy = strategy
+        self.outages = list(outages)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.board = HealthBoard(list(self.models), self._local_load)
+
+    def _local_load(self, label: str, now_s: float) -> tuple[int, int, bool] | None:
+        model = self.models[label]
+        if not isinstance(model, LocalTier):
+            return None
+        running, waiting = model.load(now_s)
+        return running, waiting, model.saturated(now_s)
+
+    def run(self, trace: Sequence[SimRequest]) -> list[Outcome]:
+        return [self.route(req) for req in trace]
+
+    def route(self, req: SimRequest) -> Outcome:
+        """Plan and serve one request (see the module docstring)."""
+        self.board.advance(req.arrival_s)
+        route = RouteRequest(model=ALIAS, prompt_tokens=req.prompt_tokens,
+                             max_tokens=req.max_tokens, slo_ttft_ms=req.slo_ttft_ms)
+        try:
+            plan = plan_route(route, self.targets, self.board, self.strategy, self.rng)
+        except InvalidRequestError:  # no target's context window fits
+            return Outcome(req, None, None, 0.0)
+        ordered = plan.ordered or plan.saturated[:1]  # all saturated: queue on the local tier
+        return self._walk(req, ordered)
+
+    def _walk(self, req: SimRequest, ordered: Sequence[Target]) -> Outcome:
+        noise = random.Random(self.seed * 1_000_003 + req.index)
+        at_s = req.arrival_s
+        failed: list[str] = []
+        for target in ordered:
+            label = target.label
+            self.board.started(label)
+            outage = next((o for o in self.outages if o.down(label, at_s)), None)
+            if outage is not None:
+                at_s += outage.fail_after_s
+                self.board.failed(label, at_s)
+                failed.append(label)
+                continue
+            service = self.models[label].serve(at_s, req, noise)
+            end_s = at_s + service.total_s(req.output_tokens)
+            self.board.succeeded(label, at_s, service.ttft_s, service.tpot_s, end_s)
+            ttft = at_s - req.arrival_s + service.ttft_s
+            return Outcome(req, label, ttft, service.cost_usd, tuple(failed))
+        return Outcome(req, None, None, 0.0, tuple(failed))

@@ -1,0 +1,111 @@
+"""What the simulated gateway knows about its targets, when it would know it.
+
+Observations reach the board at the simulated time they happen (a first token at
+``start + ttft``, a failure at ``start + fail_after``), through a time-ordered queue that
+``advance(now)`` drains before each routing decision; so a strategy never sees the future.
+The board is a ``core.routing.HealthView``: EWMAs of TTFT and time per token (alpha 0.2),
+in-flight counts, a consecutive-failure circuit breaker (open after ``trip_after``
+failures, half-open after ``cooldown_s``, closed again on a success), and for the local
+tier its live queue (saturated when a new request would wait).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from core.routing import BreakerState, TargetHealth
+
+ALPHA = 0.2
+
+
+@dataclass
+class _Stats:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    in_flight: int = 0
+    consecutive_failures: int = 0
+    open_until: float | None = None
+
+
+def _ewma(old: float | None, value: float) -> float:
+    return value if old is None else old + ALPHA * (value - old)
+
+
+@dataclass
+class HealthBoard:
+    """EWMAs, breakers and load per target label (see the module docstring).
+
+    ``local_load(label, now)`` gives (running, waiting, saturated) for local targets."""
+
+    labels: list[str]
+    local_load: Callable[[str, float], tuple[int, int, bool] | None]
+    trip_after: int = 5
+    cooldown_s: float = 15.0
+    _stats: dict[str, _Stats] = field(default_factory=dict)
+    _events: list[tuple[float, int, str, str, float]] = field(default_factory=list)
+    _seq: int = 0
+    _now: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._stats = {label: _Stats() for label in self.labels}
+
+    # ------------------------------------------------------------ observations
+    def _push(self, at_s: float, kind: str, label: str, value: float = 0.0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at_s, self._seq, kind, label, value))
+
+    def started(self, label: str) -> None:
+        self._stats[label].in_flight += 1
+
+    def succeeded(self, label: str, start_s: float, ttft_s: float, tpot_s: float,
+                  end_s: float) -> None:
+        self._push(start_s + ttft_s, "ttft", label, ttft_s)
+        self._push(end_s, "done", label, tpot_s)
+
+    def failed(self, label: str, at_s: float) -> None:
+        self._push(at_s, "fail", label)
+
+    def advance(self, now_s: float) -> None:
+        """Apply every observation made up to ``now_s``."""
+        self._now = now_s
+        while self._events and self._events[0][0] <= now_s:
+            at_s, _, kind, label, value = heapq.heappop(self._events)
+            self._apply(at_s, kind, self._stats[label], value)
+
+    def _apply(self, at_s: float, kind: str, stats: _Stats, value: float) -> None:
+        if kind == "ttft":
+            stats.ttft_s = _ewma(stats.ttft_s, value)
+            stats.consecutive_failures = 0
+            stats.open_until = None
+        elif kind == "done":
+            stats.tpot_s = _ewma(stats.tpot_s, value)
+            stats.in_flight -= 1
+        else:  # a failure: the attempt is over
+            stats.in_flight -= 1
+            stats.consecutive_failures += 1
+            half_open = stats.open_until is not None and at_s >= stats.open_until
+            if stats.consecutive_failures >= self.trip_after or half_open:
+                stats.open_until = at_s + self.cooldown_s
+
+    # ------------------------------------------------------------ HealthView
+    def breaker(self, label: str) -> BreakerState:
+        until = self._stats[label].open_until
+        if until is None:
+            return "closed"
+        return "open" if self._now < until else "half_open"
+
+    def health(self, label: str) -> TargetHealth:
+        stats = self._stats[label]
+        load = self.local_load(label, self._now)
+        running, waiting, saturated = load if load is not None else (0, 0, False)
+        return TargetHealth(
+            breaker=self.breaker(label),
+            ttft_s=stats.ttft_s,
+            tpot_s=stats.tpot_s,
+            saturated=saturated,
+            waiting=waiting,
+            running=running,
+            in_flight=stats.in_flight,
+        )

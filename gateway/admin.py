@@ -1,0 +1,73 @@
+"""Admin routes: ``POST /admin/reload`` and ``GET /admin/targets`` (admin key only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+
+from core.errors import InvalidRequestError
+from core.routing import RouteRequest
+from gateway.guard import require_admin
+from gateway.state import GatewayState
+
+_JSON = "application/json"
+
+
+def _state(request: Request[Any, Any, Any]) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+@post("/admin/reload", status_code=200)
+async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Reload the policy file now. 400 with every key-path error when it is invalid (the
+    old policy keeps serving)."""
+    require_admin(request)
+    state = _state(request)
+    if state.reloader is None:
+        raise InvalidRequestError(
+            "This gateway was not started from a policy file; nothing to reload.",
+            code="not_reloadable",
+        )
+    errors = await state.reloader.reload()
+    if errors:
+        raise InvalidRequestError(
+            "The new policy file is invalid; the previous policy keeps serving: "
+            + "; ".join(errors),
+            code="invalid_config",
+        )
+    body = {"status": "reloaded", "models": sorted(state.runtime.targets)}
+    return Response(msgspec.json.encode(body), media_type=_JSON)
+
+
+@get("/admin/targets")
+async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Each target's breaker state, latency estimates, saturation and cache hit rate."""
+    require_admin(request)
+    state = _state(request)
+    runtime = state.runtime
+    seen: dict[str, dict[str, Any]] = {}
+    for alias, targets in runtime.targets.items():
+        view = state.trackers.view(RouteRequest(model=alias))
+        for target in targets:
+            entry = seen.get(target.label)
+            if entry is None:
+                health = view.health(target.label)
+                entry = seen[target.label] = {
+                    "target": target.label,
+                    "provider": target.provider_name,
+                    "local": target.local,
+                    "ready": target.provider.is_ready(),
+                    "aliases": [],
+                    **msgspec.to_builtins(health),
+                }
+            entry["aliases"].append(alias)
+    skipped = {
+        alias: [msgspec.to_builtins(s) for s in items]
+        for alias, items in runtime.skipped.items()
+        if items
+    }
+    body = {"targets": list(seen.values()), "skipped": skipped}
+    return Response(msgspec.json.encode(body), media_type=_JSON)

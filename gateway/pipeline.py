@@ -1,0 +1,248 @@
+"""One request's pass through the tenant and routing policies, shared by every endpoint.
+
+Order (DESIGN.md section 3): authenticate -> decode -> authorise the model -> plan (filters
+and strategy; a request no target can serve fails here, before any quota is touched) ->
+quota reserve -> [response cache] -> wait for capacity if every eligible target is
+saturated -> execute -> settle the quota with real usage, commit the ledger row, log.
+
+Nothing is charged for a request that fails before its reservation (bad input, auth, 404,
+quota); every request that was admitted leaves exactly one ledger row, also when it fails
+upstream or the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from litestar import Request
+
+from core.config_tenants import TenantConfig
+from core.errors import GatewayError, InvalidRequestError
+from core.routing import RouteRequest
+from core.wire import ChatRequest
+from gateway.context import RequestRecord
+from gateway.health import TrackerObserver
+from gateway.routing_view import route_request
+from gateway.runtime import Runtime
+from gateway.state import GatewayState
+from policies.pricing import cost_usd, estimate_cost
+from policies.quotas import Admission
+from policies.sticky import stable_prefix_hash
+from routers.executor import Trace
+from routers.planner import Plan, plan_route
+from routers.sticky import prefer
+from routers.targets import Skipped, Target
+
+_log = structlog.get_logger("switchyard")
+_rng = random.Random()
+
+
+def state_of(request: Request[Any, Any, Any]) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+class Scope:
+    """The policies' view of one request. Create it first; call ``close`` exactly once at
+    the end (the handlers do it in ``finally`` blocks or at the end of a stream)."""
+
+    def __init__(self, request: Request[Any, Any, Any], endpoint: str) -> None:
+        self.state = state_of(request)
+        self.runtime: Runtime = self.state.runtime  # this request's snapshot, to the end
+        self.record = RequestRecord(request, endpoint)
+        self.headers: Mapping[str, str] = request.headers
+        self.admission: Admission | None = None
+        self.route: RouteRequest | None = None
+        self.observer = TrackerObserver(self.state.trackers)
+        self._candidates: tuple[list[Target], list[Skipped], ChatRequest | None] = ([], [], None)
+        self._sticky_hash: str | None = None
+        self._closed = False
+        self.state.in_flight.enter()
+
+    # -- before routing -------------------------------------------------------------------
+
+    def authenticate(self) -> None:
+        """401 unless the credentials name a tenant (or the gateway is open)."""
+        self.record.principal = self.runtime.auth.authenticate(self.headers)
+
+    def authorize(self, model: str) -> None:
+        self.record.model = model
+        self.runtime.auth.authorize_model(self.record.principal, model)
+
+    @property
+    def tenant(self) -> TenantConfig | None:
+        name = self.record.principal.tenant
+        return self.runtime.config.tenants.get(name) if name else None
+
+    def plan_chat(self, req: ChatRequest) -> Plan:
+        """Filters and strategy for a chat request (404 unknown alias, 400 no capable or
+        fitting target)."""
+        targets, skipped = self.runtime.plan_for(req.model)
+        model = self.runtime.config.models[req.model]
+        self.route = route_request(
+            req,
+            model,
+            self.tenant,
+            self.headers,
+            tenant_name=self.record.principal.tenant,
+            with_prefix=any(t.local for t in targets),
+        )
+        self._candidates = (targets, skipped, req)
+        return self._plan(targets, skipped, req)
+
+    def plan_other(
+        self, model: str, kind: type, capability: str, prompt_tokens: int, max_tokens: int | None
+    ) -> Plan:
+        """Plan an embeddings or legacy-completions request: only targets whose adapter
+        implements ``kind`` (400 when the alias has none)."""
+        targets, skipped = self.runtime.plan_for(model)
+        capable = [t for t in targets if isinstance(t.provider, kind)]
+        if targets and not capable:
+            raise InvalidRequestError(
+                f"model '{model}' does not support {capability}",
+                param="model",
+                code="unsupported_endpoint",
+            )
+        tenant = self.tenant
+        self.route = RouteRequest(
+            model=model,
+            tenant=self.record.principal.tenant,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            local_only=tenant.local_only if tenant is not None else False,
+        )
+        self._candidates = (capable, skipped, None)
+        return self._plan(capable, skipped, None)
+
+    async def wait_for_capacity(self, plan: Plan) -> Plan:
+        """When every eligible target is a saturated local replica, wait in the admission
+        queue (fair between tenants) until one can take the request or the deadline passes
+        (429 queue full / 503 deadline, both with Retry-After)."""
+        if plan.ordered or not plan.saturated:
+            return plan
+        current = plan
+
+        def ready() -> bool:
+            nonlocal current
+            current = self._plan(*self._candidates)
+            return bool(current.ordered)
+
+        tenant = self.record.principal.tenant or ""
+        self.record.queue_s = await self.state.queue.wait(tenant, self._deadline_s(), ready)
+        self.record.extra_headers["x-switchyard-queue-ms"] = f"{self.record.queue_s * 1000:.0f}"
+        return current
+
+    def _deadline_s(self) -> float:
+        """Seconds a request may queue: its TTFT objective (header, tenant or alias),
+        else the alias's queue deadline, else the queue's default."""
+        route = self.route
+        if route is not None and route.slo_ttft_ms is not None:
+            return route.slo_ttft_ms / 1000.0
+        model = self.runtime.config.models.get(self.record.model or "")
+        if model is not None and model.queue_deadline_s is not None:
+            return model.queue_deadline_s
+        return self.runtime.config.routing.queue.deadline_s
+
+    def use_provider_caches(self) -> None:
+        """OpenAI ``prompt_cache_key`` per tenant; Anthropic ``cache_control`` placement."""
+        settings = self.runtime.config.routing.prompt_cache
+        tenant = self.record.principal.tenant
+        if settings.openai_prompt_cache_key and tenant is not None:
+            self.record.prompt_cache_key = f"switchyard-{tenant}"
+        if settings.anthropic_cache_control:
+            self.record.cache_control_min_chars = settings.min_cacheable_chars
+
+    def _plan(self, targets: list[Target], skipped: list[Skipped], req: ChatRequest | None) -> Plan:
+        assert self.route is not None
+        health = self.state.trackers.view(self.route)
+        strategy = self.runtime.strategies[self.route.model]
+        plan = plan_route(self.route, targets, health, strategy, _rng, req)
+        plan.skipped[:0] = skipped
+        self.record.trace = Trace(plan.skipped, plan.reasons)
+        return plan
+
+    async def admit(self, plan: Plan, est_prompt: int, est_output: int) -> None:
+        """Reserve quota for the estimate (429 with x-ratelimit-* / 503 when the store is
+        down and the tenant fails closed)."""
+        first = plan.ordered[0] if plan.ordered else None
+        cost = estimate_cost(first.price if first else None, est_prompt, est_output)
+        self.admission = await self.runtime.quotas.admit(
+            self.record.principal, est_prompt + est_output, cost, self.record.request_id
+        )
+        self.record.extra_headers.update(self.admission.headers())
+
+    async def prefer_sticky(self, plan: Plan, req: ChatRequest) -> None:
+        """Move the managed target whose prompt cache already holds this tenant's stable
+        prefix (system prompt, tools) to the front of the plan."""
+        tenant = self.record.principal.tenant
+        settings = self.runtime.config.routing.prompt_cache
+        if tenant is None or len(plan.ordered) < 2:
+            return
+        self._sticky_hash = stable_prefix_hash(req, settings.min_cacheable_chars)
+        if self._sticky_hash is None:
+            return
+        label = await self.state.sticky.lookup(tenant, self._sticky_hash)
+        if label is not None:
+            plan.ordered, reason = prefer(plan.ordered, label)
+            if reason:
+                self.record.trace.reasons[label] = reason
+
+    # -- after ----------------------------------------------------------------------------
+
+    async def close(self, status: int, error: GatewayError | None = None) -> None:
+        """Settle the quota with real usage, commit the ledger row (a request that was
+        never admitted has neither), write the log line. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        record = self.record
+        try:
+            if self.admission is not None:
+                record.cost_usd = self._cost()
+                usage = record.usage
+                tokens = usage.total_tokens if usage and not record.cache_hit else 0
+                await self.runtime.quotas.settle(self.admission, tokens, record.cost_usd)
+                row = record.usage_row(status, error, self.state.clock.wall())
+                await _shielded(self.state.commit(row))
+                self._learn(status)
+        finally:
+            self.observer.release()
+            self.state.queue.notify()
+            record.finish(status, error)
+            self.state.in_flight.leave()
+
+    def _cost(self) -> float:
+        served, usage = self.record.trace.served_by, self.record.usage
+        if served is None or usage is None or self.record.cache_hit:
+            return 0.0
+        return cost_usd(
+            served.price, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+        )
+
+    def _learn(self, status: int) -> None:
+        """Feed what this request showed back to the trackers (tokens per second, and where
+        its prefix now lives)."""
+        served, usage, route = self.record.trace.served_by, self.record.usage, self.route
+        if served is None or status != 200:
+            return
+        if usage is not None and usage.completion_tokens > 1 and self.record.ttft_s is not None:
+            decode_s = self.record.elapsed_s() - self.record.ttft_s
+            self.state.trackers.latency.observe_tokens(
+                served.label, usage.completion_tokens - 1, decode_s
+            )
+        index = self.state.trackers.capacity.prefix_index
+        if route is not None and route.prefix_hashes and served.local and index is not None:
+            index.record(served.label, route.prefix_hashes)
+        tenant = self.record.principal.tenant
+        if self._sticky_hash is not None and tenant is not None and not served.local:
+            self.state.spawn(self.state.sticky.remember(tenant, self._sticky_hash, served.label))
+
+
+async def _shielded(task: asyncio.Task[None]) -> None:
+    """Await a commit; if this request is cancelled meanwhile the commit still finishes
+    (the task is tracked by the state and awaited at shutdown)."""
+    await asyncio.shield(task)

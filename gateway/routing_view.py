@@ -1,0 +1,75 @@
+"""Build the routing view of a request (``core.routing.RouteRequest``) from the request,
+the caller's tenant settings, the alias and the SLO header."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from core.config import ModelConfig
+from core.config_tenants import TenantConfig
+from core.errors import InvalidRequestError
+from core.routing import RouteRequest
+from core.wire import ChatRequest, TextPart
+from routers.prefix import prefix_hashes, prompt_text
+
+SLO_HEADER = "x-switchyard-slo-ttft-ms"
+_CHARS_PER_TOKEN = 4  # the usual rule of thumb for English BPE; only an estimate
+_TOKENS_PER_MESSAGE = 4  # role and separators in the chat template
+
+
+def estimate_prompt_tokens(req: ChatRequest) -> int:
+    """A cheap prompt-size estimate (characters / 4) used before any tokenizer sees it."""
+    chars = 0
+    for message in req.messages:
+        content = message.content
+        if isinstance(content, str):
+            chars += len(content)
+        elif content:
+            chars += sum(len(p.text) for p in content if isinstance(p, TextPart))
+    if req.tools:
+        chars += sum(len(str(tool)) for tool in req.tools)
+    return chars // _CHARS_PER_TOKEN + _TOKENS_PER_MESSAGE * len(req.messages)
+
+
+def slo_from_header(headers: Mapping[str, str]) -> float | None:
+    """``x-switchyard-slo-ttft-ms`` as a positive number, or a 400 naming the header."""
+    value = headers.get(SLO_HEADER)
+    if value is None:
+        return None
+    try:
+        parsed = float(value)
+    except ValueError:
+        parsed = -1.0
+    if not parsed > 0:
+        raise InvalidRequestError(
+            f"{SLO_HEADER} must be a positive number of milliseconds", param=SLO_HEADER
+        )
+    return parsed
+
+
+def route_request(
+    req: ChatRequest,
+    model: ModelConfig,
+    tenant: TenantConfig | None,
+    headers: Mapping[str, str],
+    *,
+    tenant_name: str | None,
+    with_prefix: bool,
+) -> RouteRequest:
+    """The routing view. The TTFT objective comes from the header, else the tenant, else
+    the alias; ``with_prefix`` computes prefix hashes (only worth it for local replicas)."""
+    slo = slo_from_header(headers)
+    if slo is None and tenant is not None:
+        slo = tenant.slo_ttft_ms
+    if slo is None:
+        slo = model.slo_ttft_ms
+    return RouteRequest(
+        model=req.model,
+        tenant=tenant_name,
+        prompt_tokens=estimate_prompt_tokens(req),
+        max_tokens=req.output_limit(),
+        slo_ttft_ms=slo,
+        slo_total_ms=model.slo_total_ms,
+        local_only=tenant.local_only if tenant is not None else False,
+        prefix_hashes=prefix_hashes(prompt_text(req)) if with_prefix else (),
+    )

@@ -1,0 +1,156 @@
+"""Who is calling, and may they do this: request headers -> ``Principal``; model and admin
+checks. Built from one config snapshot (a hot reload builds a new one).
+
+Credentials, in order: the admin key (``auth.admin_key_env``) -> ``ADMIN``; on an open
+gateway (no tenants) anything else, or nothing -> ``OPEN``; a token shaped like a JWT (three
+base64url parts joined by dots) -> the JWT path; anything else -> the API-key path. Tokens
+come from ``Authorization: Bearer X`` or, for Anthropic-style clients, ``x-api-key: X``.
+
+Failures are ``AuthenticationError`` (401) with OpenAI-like messages that do not say which
+part was wrong (unknown key id, wrong secret, revoked, tenant gone all read the same). For
+JWTs the precise reason rides on the error's ``__cause__`` (a ``TokenRejected``), for logs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from core.clock import Clock
+from core.config import Config, ConfigError, relative_to_config
+from core.config_tenants import TenantConfig
+from core.errors import AuthenticationError, PermissionDeniedError
+from core.tenancy import ADMIN, OPEN, Principal
+from policies.auth.jwt_verifier import JwtVerifier, TokenRejected, load_verification_keys
+from policies.auth.keys import KeyIndex, KeysFileError
+
+MISSING_CREDENTIAL = (
+    "Missing bearer token: provide your API key in an Authorization header using Bearer "
+    "auth (Authorization: Bearer YOUR_KEY)."
+)
+INCORRECT_KEY = "Incorrect API key provided."
+INVALID_TOKEN = "Invalid or expired token."
+
+_JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive enough for both ASGI frameworks (lower-case keys) and plain dicts
+    written by hand (``Authorization``, ``X-Api-Key``)."""
+    value = headers.get(name)
+    return value if value is not None else headers.get(name.title())
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The credential the client sent, or None: ``Authorization: Bearer X`` first (scheme
+    case-insensitive), else ``x-api-key: X``. Another auth scheme counts as no credential."""
+    authorization = _header(headers, "authorization")
+    if authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token:
+            return token
+    api_key = _header(headers, "x-api-key")
+    return api_key.strip() or None if api_key else None
+
+
+class _ModelRule:
+    """A tenant's model allow-list and deny-list, as sets (checked on every request)."""
+
+    __slots__ = ("allowed", "denied")
+
+    def __init__(self, tenant: TenantConfig) -> None:
+        self.allowed = None if tenant.models is None else frozenset(tenant.models)
+        self.denied = frozenset(tenant.deny_models)
+
+    def permits(self, alias: str) -> bool:
+        if alias in self.denied:
+            return False
+        return self.allowed is None or alias in self.allowed
+
+
+class Authenticator:
+    """Authenticates requests against one config snapshot. ``env`` supplies the admin key
+    and the JWT secret (by the names the config gives); ``clock`` paces the keys file's
+    re-reads and judges JWT times. Raises ``ConfigError`` when the keys file or the JWT key
+    material is unusable."""
+
+    def __init__(self, config: Config, env: Mapping[str, str], clock: Clock) -> None:
+        auth = config.auth
+        admin = env.get(auth.admin_key_env) if auth.admin_key_env else None
+        self._admin_key = admin.encode() if admin else None
+        self._open = config.open_access
+        self._tenants = config.tenants
+        self._rules = {name: _ModelRule(tenant) for name, tenant in config.tenants.items()}
+        self._keys: KeyIndex | None = None
+        self._jwt: JwtVerifier | None = None
+        if self._open:
+            return  # no tenant to map keys or tokens to: only the admin key matters
+        if auth.keys_file:
+            try:
+                self._keys = KeyIndex(relative_to_config(config, auth.keys_file), clock)
+            except KeysFileError as exc:
+                raise ConfigError([f"auth.keys_file: {exc}"]) from exc
+        if auth.jwt is not None:
+
+            def resolve(path: str) -> Path:
+                return relative_to_config(config, path)
+
+            keys = load_verification_keys(auth.jwt, env, resolve)
+            self._jwt = JwtVerifier(auth.jwt, keys, config.tenants, clock)
+
+    def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        """The caller behind these request headers; ``AuthenticationError`` (401) when the
+        credential is missing or not valid (open gateways accept anything)."""
+        token = bearer_token(headers)
+        if token is not None and self._is_admin(token):
+            return ADMIN
+        if self._open:
+            return OPEN
+        if token is None:
+            raise AuthenticationError(MISSING_CREDENTIAL)
+        if _JWT_SHAPE.fullmatch(token):
+            return self._from_jwt(token)
+        return self._from_api_key(token)
+
+    def _is_admin(self, token: str) -> bool:
+        # constant-time: the comparison's duration must not reveal a matching prefix
+        return self._admin_key is not None and hmac.compare_digest(token.encode(), self._admin_key)
+
+    def _from_api_key(self, token: str) -> Principal:
+        record = self._keys.verify(token) if self._keys is not None else None
+        if record is None or record.tenant not in self._tenants:
+            raise AuthenticationError(INCORRECT_KEY)
+        return Principal(tenant=record.tenant, key_id=record.key_id, via="api_key")
+
+    def _from_jwt(self, token: str) -> Principal:
+        if self._jwt is None:
+            raise AuthenticationError(INVALID_TOKEN)
+        try:
+            return self._jwt.verify(token)
+        except TokenRejected as exc:
+            raise AuthenticationError(INVALID_TOKEN) from exc
+
+    def authorize_model(self, principal: Principal, alias: str) -> None:
+        """``PermissionDeniedError`` (403, param ``model``) unless the principal's tenant may
+        use model ``alias``. Open and admin principals (no tenant) may use every model."""
+        if principal.tenant is None:
+            return
+        rule = self._rules.get(principal.tenant)
+        if rule is None or not rule.permits(alias):
+            raise PermissionDeniedError(
+                f"Tenant '{principal.tenant}' is not allowed to use model '{alias}'.",
+                param="model",
+                code="model_not_allowed",
+            )
+
+    def require_admin(self, principal: Principal) -> None:
+        """``PermissionDeniedError`` (403) unless the caller presented the admin key."""
+        if not principal.admin:
+            raise PermissionDeniedError("This endpoint needs the admin key.", code="admin_only")
+
+    def tenant_config(self, principal: Principal) -> TenantConfig | None:
+        """The principal's tenant section, or None (open gateway, admin, unknown tenant)."""
+        return self._tenants.get(principal.tenant) if principal.tenant is not None else None

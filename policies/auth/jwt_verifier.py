@@ -1,0 +1,274 @@
+"""Bearer JWTs: signature, algorithm allow-list, times, issuer, audience, tenant.
+
+Algorithm safety (RFC 8725 section 2.1): the token's ``alg`` header only *selects* among the
+algorithms the config allows, and each family has its own key material: HS* verify with the
+shared secret from ``secret_env`` and nothing else; RS*/ES* verify with a public key object
+from ``public_key_file`` or ``jwks_file`` whose type must match the family. So ``alg: none``
+is never accepted (it is not an allowed algorithm), and an HS256 token "signed" with the
+RSA public key as an HMAC secret fails: HS256 is checked against the secret, never the PEM.
+
+Times come from the injected clock, not from pyjwt (which reads ``time`` itself): pyjwt
+checks the signature, ``iss`` and ``aud``; ``exp`` (required) and ``nbf`` are checked here
+against ``clock.wall()`` with ``leeway_s``. Verified tokens are cached by their exact text
+until they expire (bounded LRU), so a client that reuses a token pays for one signature check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from core.clock import Clock
+from core.config import ConfigError
+from core.config_tenants import JwtConfig
+from core.tenancy import Principal
+
+PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+
+# RFC 7518 section 3.2: an HMAC key must be at least as long as the hash output.
+_HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
+# RFC 7518 section 3.4: each ES* algorithm names its curve.
+_EC_CURVES = {"ES256": "secp256r1", "ES384": "secp384r1", "ES512": "secp521r1"}
+
+
+class TokenRejected(Exception):
+    """A JWT was refused. ``reason`` is for logs and tests, never for the caller (the
+    client only learns "Invalid or expired token")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class JwkEntry:
+    key: PublicKey
+    alg: str | None  # the JWK's own ``alg``, which then must equal the token's
+
+
+@dataclass(frozen=True)
+class VerificationKeys:
+    """Key material, loaded once: the HMAC secret, a PEM public key, JWKS keys by kid
+    (a JWK without ``kid`` is filed under None)."""
+
+    secret: bytes | None = None
+    public_key: PublicKey | None = None
+    jwks: Mapping[str | None, JwkEntry] = field(default_factory=dict)
+
+
+def _public(key: Any, where: str) -> PublicKey:
+    """The public half of an RSA or EC key (a JWKS may carry private members too)."""
+    if isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+        key = key.public_key()
+    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+        raise ConfigError([f"{where}: expected an RSA or EC public key"])
+    return key
+
+
+def _load_pem(path: Path) -> PublicKey:
+    where = "auth.jwt.public_key_file"
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError([f"{where}: cannot read {path}: {exc.strerror}"]) from exc
+    except ValueError as exc:
+        raise ConfigError([f"{where}: {path} is not a PEM public key"]) from exc
+    return _public(key, where)
+
+
+def _load_jwks(path: Path) -> dict[str | None, JwkEntry]:
+    where = "auth.jwt.jwks_file"
+    try:
+        document = json.loads(path.read_bytes())
+        entries = document["keys"]
+        keys = {
+            entry.get("kid"): JwkEntry(_public(jwt.PyJWK(entry).key, where), entry.get("alg"))
+            for entry in entries
+            if entry.get("use", "sig") == "sig"
+        }
+    except OSError as exc:
+        raise ConfigError([f"{where}: cannot read {path}: {exc.strerror}"]) from exc
+    except (ValueError, KeyError, TypeError, AttributeError, jwt.PyJWTError) as exc:
+        raise ConfigError([f"{where}: {path} is not a usable JWKS document: {exc}"]) from exc
+    if not keys:
+        raise ConfigError([f"{where}: {path} holds no signing keys"])
+    return keys
+
+
+def _load_secret(config: JwtConfig, env: Mapping[str, str], errors: list[str]) -> bytes | None:
+    hmac_algs = [alg for alg in config.algorithms if alg.startswith("HS")]
+    if not hmac_algs:
+        return None
+    if config.secret_env is None:
+        errors.append(f"auth.jwt.secret_env: needed for {', '.join(hmac_algs)}")
+        return None
+    secret = env.get(config.secret_env, "").encode()
+    need = max(_HMAC_MIN_BYTES[alg] for alg in hmac_algs)
+    if len(secret) < need:
+        errors.append(
+            f"auth.jwt.secret_env: ${config.secret_env} must hold at least {need} bytes"
+            f" (it holds {len(secret)})"
+        )
+        return None
+    return secret
+
+
+def load_verification_keys(
+    config: JwtConfig, env: Mapping[str, str], resolve: Callable[[str], Path]
+) -> VerificationKeys:
+    """Read the key material ``config`` names (``resolve`` turns file names into paths).
+    Raises ``ConfigError`` listing each problem: an HS* algorithm without a long enough
+    secret, an RS*/ES* algorithm without a public key, an unreadable key file."""
+    errors: list[str] = []
+    secret = _load_secret(config, env, errors)
+    public_key = jwks = None
+    try:
+        if config.public_key_file:
+            public_key = _load_pem(resolve(config.public_key_file))
+        if config.jwks_file:
+            jwks = _load_jwks(resolve(config.jwks_file))
+    except ConfigError as exc:
+        errors.extend(exc.errors)
+    asymmetric = [alg for alg in config.algorithms if not alg.startswith("HS")]
+    if asymmetric and not (config.public_key_file or config.jwks_file):
+        errors.append(f"auth.jwt: {', '.join(asymmetric)} needs public_key_file or jwks_file")
+    if errors:
+        raise ConfigError(errors)
+    return VerificationKeys(secret=secret, public_key=public_key, jwks=jwks or {})
+
+
+def _fits(alg: str, key: PublicKey) -> bool:
+    """Whether ``key`` is the right kind of key for ``alg`` (RSA for RS*, the named curve
+    for ES*)."""
+    if alg.startswith("RS"):
+        return isinstance(key, rsa.RSAPublicKey)
+    return isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == _EC_CURVES[alg]
+
+
+def _number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class JwtVerifier:
+    """Turns a bearer JWT into a ``Principal(tenant, key_id="jwt:<sub>", via="jwt")`` or
+    raises ``TokenRejected``. ``tenants`` are the configured tenant names; a token naming
+    any other tenant is refused."""
+
+    def __init__(
+        self,
+        config: JwtConfig,
+        keys: VerificationKeys,
+        tenants: Collection[str],
+        clock: Clock,
+        *,
+        cache_size: int = 4096,
+    ) -> None:
+        self._config = config
+        self._keys = keys
+        self._tenants = frozenset(tenants)
+        self._clock = clock
+        self._cache: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._cache_size = cache_size
+        # an algorithm is usable only with its own family's key material
+        asymmetric = keys.public_key is not None or bool(keys.jwks)
+        usable = {"HS": keys.secret is not None, "RS": asymmetric, "ES": asymmetric}
+        self._algorithms = frozenset(alg for alg in config.algorithms if usable[alg[:2]])
+
+    def verify(self, token: str) -> Principal:
+        """The caller this token names; ``TokenRejected`` when it is not valid now."""
+        cached = self._cache.get(token)
+        if cached is not None:
+            principal, expires = cached
+            if self._clock.wall() < expires + self._config.leeway_s:
+                self._cache.move_to_end(token)
+                return principal
+            del self._cache[token]
+        claims = self._decode(token)
+        expires = self._check_times(claims)
+        principal = self._principal(claims)
+        self._cache[token] = (principal, expires)
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return principal
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        """Signature, ``iss`` and ``aud`` via pyjwt, with the key the header selects."""
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise TokenRejected(f"malformed token: {exc}") from exc
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in self._algorithms:
+            raise TokenRejected(f"algorithm {alg!r} is not allowed")
+        key = self._key_for(alg, header.get("kid"))
+        try:
+            return jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                audience=self._config.audience,
+                issuer=self._config.issuer,
+                options={
+                    "require": ["exp"],
+                    "verify_exp": False,  # checked against the injected clock instead
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                    "verify_aud": self._config.audience is not None,
+                    "verify_iss": self._config.issuer is not None,
+                    "enforce_minimum_key_length": True,
+                },
+            )
+        except jwt.PyJWTError as exc:
+            raise TokenRejected(f"{type(exc).__name__}: {exc}") from exc
+
+    def _key_for(self, alg: str, kid: Any) -> bytes | PublicKey:
+        if alg.startswith("HS"):
+            assert self._keys.secret is not None  # HS* is allowed only with a secret
+            return self._keys.secret
+        jwks = self._keys.jwks
+        entry = jwks.get(kid) if kid is None or isinstance(kid, str) else None
+        if entry is None and kid is None and len(jwks) == 1 and self._keys.public_key is None:
+            entry = next(iter(jwks.values()))
+        if entry is not None:
+            if entry.alg is not None and entry.alg != alg:
+                raise TokenRejected(f"key {kid!r} is for {entry.alg}, not {alg}")
+            key = entry.key
+        elif self._keys.public_key is not None:
+            key = self._keys.public_key
+        else:
+            raise TokenRejected(f"no key with kid {kid!r}")
+        if not _fits(alg, key):
+            raise TokenRejected(f"the key for {alg} is of the wrong type")
+        return key
+
+    def _check_times(self, claims: Mapping[str, Any]) -> float:
+        """Check ``exp`` and ``nbf`` against the clock; return ``exp``."""
+        now, leeway = self._clock.wall(), self._config.leeway_s
+        exp, nbf = claims.get("exp"), claims.get("nbf")
+        if not _number(exp):
+            raise TokenRejected("exp must be a number")
+        if now >= exp + leeway:
+            raise TokenRejected("token expired")
+        if nbf is not None and not _number(nbf):
+            raise TokenRejected("nbf must be a number")
+        if nbf is not None and now + leeway < nbf:
+            raise TokenRejected("token not yet valid")
+        return float(exp)
+
+    def _principal(self, claims: Mapping[str, Any]) -> Principal:
+        tenant = claims.get(self._config.tenant_claim)
+        if not isinstance(tenant, str) or tenant not in self._tenants:
+            raise TokenRejected(f"claim {self._config.tenant_claim!r} names no known tenant")
+        subject = claims.get(self._config.key_id_claim)
+        if not isinstance(subject, str) or not subject:
+            # per-key limits and the ledger need a key id; a token without one is refused
+            raise TokenRejected(f"claim {self._config.key_id_claim!r} is missing")
+        return Principal(tenant=tenant, key_id=f"jwt:{subject}", via="jwt")

@@ -1,0 +1,49 @@
+"""The usage ledger: one row per request, committed durably, exported later.
+
+``Ledger`` (``base``) is the contract; ``open_ledger(config, redis_store)`` builds the backend
+that ``LedgerConfig`` names: ``SqliteLedger`` (``sqlite``, the embedded default) or
+``RedisStreamLedger`` (``redis_stream``, shared by replicas). ``auto`` means the Redis stream
+when ``state.backend`` is redis, else SQLite. Backends are imported only when chosen, so the
+Redis client is not loaded by a gateway that does not use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from core.config import Config, relative_to_config
+from policies.ledger.base import PAGE_ROWS, Ledger, matches
+
+if TYPE_CHECKING:
+    from policies.store.redis import RedisStore
+
+__all__ = ["PAGE_ROWS", "Ledger", "ledger_backend", "matches", "open_ledger", "sqlite_path"]
+
+
+def ledger_backend(config: Config) -> Literal["sqlite", "redis"]:
+    """The backend ``config`` selects, with ``auto`` resolved."""
+    backend = config.ledger.backend
+    if backend == "auto":
+        return "redis" if config.state.backend == "redis" else "sqlite"
+    return backend
+
+
+def sqlite_path(config: Config) -> Path:
+    """The SQLite ledger's file; a relative ``ledger.path`` starts at the policy file."""
+    return relative_to_config(config, config.ledger.path)
+
+
+def open_ledger(config: Config, redis_store: RedisStore | None = None) -> Ledger:
+    """The ledger ``config`` names. The Redis backend borrows ``redis_store`` (the gateway's
+    ``RedisStore``) and raises ``ValueError`` without one; SQLite creates its file (and
+    folder) if needed and raises ``sqlite3.Error``/``OSError`` if it cannot."""
+    if ledger_backend(config) == "redis":
+        if redis_store is None:
+            raise ValueError("ledger backend redis needs the RedisStore (state.backend: redis)")
+        from policies.ledger.redis_stream import RedisStreamLedger
+
+        return RedisStreamLedger(redis_store, maxlen=config.ledger.stream_maxlen)
+    from policies.ledger.sqlite import SqliteLedger
+
+    return SqliteLedger(sqlite_path(config))

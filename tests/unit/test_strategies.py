@@ -1,0 +1,326 @@
+"""Routing strategies: each ordering rule, its reasons, and the permutation invariant."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.config_routing import (
+    LeastLatencyStrategy,
+    LowestCostStrategy,
+    PrefixAwareStrategy,
+    PriorityStrategy,
+    RoundRobinStrategy,
+    SloStrategy,
+    WeightedStrategy,
+)
+from core.config_tenants import Price
+from core.protocols import Capabilities, Timeouts
+from core.routing import UNKNOWN, RouteRequest, TargetHealth
+from routers.strategies import (
+    LeastLatency,
+    LowestCost,
+    PrefixAware,
+    Priority,
+    RoundRobin,
+    Slo,
+    Weighted,
+    build_strategy,
+)
+from routers.strategies.predict import cost_usd, fmt_s, fmt_usd, total_s
+
+
+class Provider:
+    capabilities = Capabilities()
+
+    def __init__(self, name):
+        self.name = name
+
+
+def target(name, weight=1.0, price=None, local=False):
+    from routers.targets import Target
+
+    return Target(alias="a", provider_name=name, model="m", provider=Provider(name),
+                  timeouts=Timeouts(), weight=weight, price=price, local=local)
+
+
+class Health:
+    def __init__(self, **by_name):
+        self.by_label = {f"{name}/m": h for name, h in by_name.items()}
+
+    def health(self, label):
+        return self.by_label.get(label, UNKNOWN)
+
+
+REQ = RouteRequest(model="a", prompt_tokens=1000, max_tokens=100)
+
+
+def names(ranked):
+    return [r.target.provider_name for r in ranked]
+
+
+def per_mtok(inp, out):
+    return Price(input_per_mtok=inp, output_per_mtok=out)
+
+
+CONFIGS = [PriorityStrategy(), WeightedStrategy(), LeastLatencyStrategy(), LowestCostStrategy(),
+           SloStrategy(), PrefixAwareStrategy(), RoundRobinStrategy()]
+
+
+def test_build_strategy_makes_one_fresh_instance_per_config_kind():
+    built = [build_strategy(c) for c in CONFIGS]
+    assert [type(s) for s in built] == [Priority, Weighted, LeastLatency, LowestCost, Slo,
+                                        PrefixAware, RoundRobin]
+    assert [s.name for s in built] == ["priority", "weighted", "least_latency", "lowest_cost",
+                                       "slo", "prefix_aware", "round_robin"]
+    assert build_strategy(RoundRobinStrategy()) is not build_strategy(RoundRobinStrategy())
+    assert build_strategy(PrefixAwareStrategy(w_prefix=7.0)).config.w_prefix == 7.0
+    with pytest.raises(TypeError):
+        build_strategy(object())
+
+
+healths = st.builds(
+    TargetHealth,
+    ttft_s=st.none() | st.floats(0, 10),
+    tpot_s=st.none() | st.floats(0, 0.1),
+    waiting=st.integers(0, 20),
+    kv_usage=st.floats(0, 1),
+    in_flight=st.integers(0, 50),
+    prefix_blocks=st.integers(0, 10),
+)
+target_specs = st.lists(
+    st.tuples(st.floats(0, 5), st.none() | st.floats(0, 20), st.booleans(), healths),
+    max_size=7,
+)
+requests = st.builds(
+    RouteRequest,
+    model=st.just("a"),
+    prompt_tokens=st.integers(0, 10_000),
+    max_tokens=st.none() | st.integers(1, 4000),
+    slo_ttft_ms=st.none() | st.floats(1, 5000),
+    slo_total_ms=st.none() | st.floats(1, 50_000),
+    prefix_hashes=st.lists(st.integers(), max_size=8).map(tuple),
+)
+
+
+@given(st.sampled_from(CONFIGS), target_specs, requests, st.integers(0, 2**32))
+def test_every_strategy_returns_a_permutation_with_reasons(config, specs, req, seed):
+    candidates = [
+        target(f"t{i}", weight=w, price=None if p is None else per_mtok(p, 2 * p), local=local)
+        for i, (w, p, local, _) in enumerate(specs)
+    ]
+    health = Health(**{f"t{i}": h for i, (_, _, _, h) in enumerate(specs)})
+    ranked = build_strategy(config).plan(req, candidates, health, random.Random(seed))
+    assert sorted(names(ranked)) == sorted(t.provider_name for t in candidates)
+    strategy_name = build_strategy(config).name
+    assert all(r.reason.startswith(f"{strategy_name}: ") for r in ranked)
+
+
+def test_priority_keeps_config_order():
+    ranked = Priority().plan(REQ, [target("a"), target("b"), target("c")], Health(),
+                             random.Random(0))
+    assert names(ranked) == ["a", "b", "c"]
+    assert ranked[0].reason == "priority: first available target"
+    assert ranked[2].reason == "priority: #3"
+
+
+def test_weighted_first_place_follows_the_weights():
+    """Each target comes first with probability w / sum(w): 10%, 20%, 70%. With 20,000
+    seeded draws the standard error is <= 0.0033; allow 4.5 of them."""
+    candidates = [target("a", 1), target("b", 2), target("c", 7)]
+    rng = random.Random(1234)
+    draws = 20_000
+    first, second = Counter(), Counter()
+    strategy = Weighted()
+    for _ in range(draws):
+        ranked = names(strategy.plan(REQ, candidates, Health(), rng))
+        first[ranked[0]] += 1
+        second[ranked[1]] += 1
+    assert abs(first["a"] / draws - 0.1) < 0.015
+    assert abs(first["b"] / draws - 0.2) < 0.015
+    assert abs(first["c"] / draws - 0.7) < 0.015
+    # without replacement: P(a second) = P(b first) * 1/8 + P(c first) * 1/3 = 0.2583
+    assert abs(second["a"] / draws - (0.2 / 8 + 0.7 / 3)) < 0.015
+
+
+def test_weighted_zero_weight_is_a_standby_after_the_others():
+    candidates = [target("standby", 0), target("a", 1), target("z", 0), target("b", 1)]
+    for seed in range(50):
+        ranked = Weighted().plan(REQ, candidates, Health(), random.Random(seed))
+        assert names(ranked)[2:] == ["standby", "z"]
+        assert ranked[3].reason == "weighted: weight 0, standby"
+    assert "weight 1 of 2" in ranked[0].reason
+
+
+def test_weighted_is_replayed_exactly_by_the_same_seed():
+    candidates = [target(str(i), i + 1) for i in range(6)]
+    a = names(Weighted().plan(REQ, candidates, Health(), random.Random(99)))
+    b = names(Weighted().plan(REQ, candidates, Health(), random.Random(99)))
+    assert a == b
+
+
+def test_least_latency_two_candidates_always_the_faster_first():
+    health = Health(slow=TargetHealth(ttft_s=0.9), fast=TargetHealth(ttft_s=0.1, tpot_s=0.001))
+    for seed in range(30):
+        ranked = LeastLatency().plan(REQ, [target("slow"), target("fast")], health,
+                                     random.Random(seed))
+        assert names(ranked) == ["fast", "slow"]
+    assert ranked[0].reason == "least_latency: better of two sampled (predicted 200ms vs 900ms)"
+    assert ranked[1].reason == "least_latency: predicted 900ms"
+
+
+def test_least_latency_power_of_two_choices_frequencies():
+    """Three targets: the fastest is first iff it is sampled (2/3), the slowest never."""
+    health = Health(a=TargetHealth(ttft_s=0.1), b=TargetHealth(ttft_s=0.5),
+                    c=TargetHealth(ttft_s=2.0))
+    rng = random.Random(7)
+    firsts = Counter(
+        names(LeastLatency().plan(REQ, [target("a"), target("b"), target("c")], health, rng))[0]
+        for _ in range(6000)
+    )
+    assert firsts["c"] == 0
+    assert abs(firsts["a"] / 6000 - 2 / 3) < 0.03
+    ranked = LeastLatency().plan(REQ, [target("c"), target("b"), target("a")], health, rng)
+    assert names(ranked)[1:] == sorted(names(ranked)[1:], key="abc".index)  # rest by prediction
+
+
+def test_least_latency_explores_unmeasured_targets():
+    """An unmeasured target counts as the best known: it beats slower ones and ties the
+    fastest (either may win the draw)."""
+    health = Health(fast=TargetHealth(ttft_s=0.1), slow=TargetHealth(ttft_s=3.0))
+    vs_slow = LeastLatency().plan(REQ, [target("slow"), target("new")], health, random.Random(0))
+    assert names(vs_slow)[0] == "new"
+    assert vs_slow[0].reason == "least_latency: unmeasured, explored first"
+    winners = {
+        names(LeastLatency().plan(REQ, [target("fast"), target("new")], health,
+                                  random.Random(s)))[0]
+        for s in range(40)
+    }
+    assert winners == {"fast", "new"}
+
+
+def test_lowest_cost_cheapest_first_unpriced_last():
+    candidates = [
+        target("free-ish-unpriced"),
+        target("dear", price=per_mtok(10, 30)),
+        target("cheap", price=per_mtok(0.1, 0.4)),
+        target("local", price=Price(hourly_usd=3.6, tokens_per_s=1000), local=True),
+    ]
+    ranked = LowestCost().plan(REQ, candidates, Health(), random.Random(0))
+    # cheap: 1000*0.1e-6 + 100*0.4e-6 = 0.00014; local: 1100 * 1e-6 = 0.0011; dear: 0.013
+    assert names(ranked) == ["cheap", "local", "dear", "free-ish-unpriced"]
+    assert ranked[0].reason == "lowest_cost: cheapest ($0.00014 est.)"
+    assert ranked[1].reason == "lowest_cost: $0.0011 est."
+    assert ranked[3].reason == "lowest_cost: unpriced"
+
+
+def test_slo_cheapest_feasible_then_fastest_infeasible():
+    req = RouteRequest(model="a", prompt_tokens=1000, max_tokens=100, slo_ttft_ms=800)
+    health = Health(
+        cheap_slow=TargetHealth(ttft_s=1.5),
+        mid=TargetHealth(ttft_s=0.42),
+        dear_fast=TargetHealth(ttft_s=0.1),
+        slowest=TargetHealth(ttft_s=4.0),
+    )
+    candidates = [
+        target("slowest", price=per_mtok(0.01, 0.01)),
+        target("dear_fast", price=per_mtok(10, 30)),
+        target("cheap_slow", price=per_mtok(0.05, 0.1)),
+        target("mid", price=per_mtok(1, 2)),
+    ]
+    ranked = Slo().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["mid", "dear_fast", "cheap_slow", "slowest"]
+    assert ranked[0].reason == "slo: cheapest meeting ttft<=800ms (predicted 420ms, $0.0012 est.)"
+    assert ranked[2].reason == "slo: misses ttft<=800ms; fastest left (predicted 1.5s)"
+
+
+def test_slo_total_objective_uses_time_per_token():
+    req = RouteRequest(model="a", max_tokens=1000, slo_total_ms=5000)
+    health = Health(
+        quick_start=TargetHealth(ttft_s=0.1, tpot_s=0.01),  # 0.1 + 10 = 10.1 s
+        steady=TargetHealth(ttft_s=0.5, tpot_s=0.002),  # 0.5 + 2 = 2.5 s
+    )
+    candidates = [target("quick_start", price=per_mtok(0, 0)), target("steady", price=per_mtok(1, 1))]
+    ranked = Slo().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["steady", "quick_start"]
+    assert "total 2.5s" in ranked[0].reason
+
+
+def test_slo_unmeasured_counts_as_feasible_and_no_objective_is_lowest_cost():
+    req = RouteRequest(model="a", slo_ttft_ms=100)
+    health = Health(known=TargetHealth(ttft_s=0.05))
+    candidates = [target("known", price=per_mtok(5, 5)), target("new", price=per_mtok(1, 1))]
+    ranked = Slo().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["new", "known"]
+    assert "unmeasured, explored" in ranked[0].reason
+    plain = Slo().plan(RouteRequest(model="a"), candidates, health, random.Random(0))
+    assert names(plain) == ["new", "known"]
+    assert plain[0].reason.startswith("slo: no objective; cheapest")
+
+
+def test_prefix_aware_prefers_the_replica_holding_the_prefix():
+    req = RouteRequest(model="a", prefix_hashes=(1, 2, 3, 4))
+    health = Health(
+        r1=TargetHealth(prefix_blocks=0, in_flight=2),
+        r2=TargetHealth(prefix_blocks=3, in_flight=2),
+        r3=TargetHealth(prefix_blocks=0, waiting=4, kv_usage=0.5, in_flight=2),
+    )
+    candidates = [target("cloud"), target("r1", local=True), target("r2", local=True),
+                  target("r3", local=True)]
+    ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["r2", "r1", "r3", "cloud"]
+    # r2: 3 * 3/4 + 2 * (1 - 0/5) + 2 * 1 = 6.25
+    assert ranked[0].reason == "prefix_aware: score 6.25 (prefix 3/4 blocks, 0 waiting, kv 0%)"
+    assert ranked[3].reason == "prefix_aware: not local, config order"
+
+
+def test_prefix_aware_hot_spot_loses_its_prefix_bonus():
+    """mean in-flight = (20 + 1 + 0) / 3 = 7; the limit is 2 * 7 + 1 = 15 < 20."""
+    req = RouteRequest(model="a", prefix_hashes=(1, 2))
+    health = Health(
+        hot=TargetHealth(prefix_blocks=2, in_flight=20, kv_usage=0.3),
+        warm=TargetHealth(prefix_blocks=0, in_flight=1, kv_usage=0.1),
+        cold=TargetHealth(prefix_blocks=0, in_flight=0),
+    )
+    candidates = [target("hot", local=True), target("warm", local=True), target("cold", local=True)]
+    ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["cold", "warm", "hot"]
+    assert "prefix bonus dropped" in ranked[2].reason
+    # at the limit, not over it: mean (5 + 1 + 0) / 3 = 2, limit 2 * 2 + 1 = 5
+    calmer = Health(hot=TargetHealth(prefix_blocks=2, in_flight=5),
+                    warm=TargetHealth(in_flight=1), cold=TargetHealth(in_flight=0))
+    assert names(PrefixAware().plan(req, candidates, calmer, random.Random(0)))[0] == "hot"
+
+
+def test_prefix_aware_ties_are_spread_and_weights_apply():
+    candidates = [target("r1", local=True), target("r2", local=True)]
+    firsts = {names(PrefixAware().plan(REQ, candidates, Health(), random.Random(s)))[0]
+              for s in range(30)}
+    assert firsts == {"r1", "r2"}
+    kv_only = PrefixAware(PrefixAwareStrategy(w_prefix=0, w_queue=0, w_kv=1))
+    health = Health(r1=TargetHealth(kv_usage=0.9), r2=TargetHealth(kv_usage=0.2))
+    assert names(kv_only.plan(REQ, candidates, health, random.Random(0))) == ["r2", "r1"]
+
+
+def test_round_robin_rotates_the_first_place():
+    strategy = RoundRobin()
+    candidates = [target("a"), target("b"), target("c")]
+    orders = [names(strategy.plan(REQ, candidates, Health(), random.Random(0))) for _ in range(4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert strategy.plan(REQ, [], Health(), random.Random(0)) == []
+
+
+def test_predictions():
+    h = TargetHealth(ttft_s=0.2, tpot_s=0.01)
+    assert total_s(RouteRequest(model="a", max_tokens=50), h) == pytest.approx(0.7)
+    assert total_s(RouteRequest(model="a"), h) == pytest.approx(0.2 + 256 * 0.01)
+    assert total_s(REQ, TargetHealth(ttft_s=0.3)) == 0.3  # no TPOT: TTFT alone
+    assert total_s(REQ, UNKNOWN) is None
+    assert cost_usd(REQ, target("x")) is None
+    assert cost_usd(REQ, target("x", price=per_mtok(2, 8))) == pytest.approx(0.0028)
+    assert (fmt_s(0.42), fmt_s(1.25), fmt_usd(0.0002), fmt_usd(1.5), fmt_usd(0)) == (
+        "420ms", "1.2s", "$0.0002", "$1.50", "$0")
