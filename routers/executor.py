@@ -1,6 +1,6 @@
-"""The executor walks a plan: each target with retries (transient errors of that target
-only, within the retry budget), then the next target on errors whose class says
-``fallback_ok``; a client error (400) never fans out. Streams fall back only until their
+"""The executor walks a plan: each target with retries under tenacity (transient errors
+of that target only, within the retry budget), then the next target on errors whose class
+says ``fallback_ok``; a client error (400) never fans out. Streams fall back only until their
 first chunk has arrived; after it, a gap longer than the target's idle timeout ends the
 stream with ``UpstreamTimeoutError``.
 
@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, Generic, TypeVar
 
 from msgspec import Struct
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt
 
 from core.clock import Clock, SystemClock
 from core.config import RoutingConfig
@@ -206,19 +207,40 @@ class Executor:
     async def _call_target(
         self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace, hooks: _Hooks
     ) -> T:
-        """Attempts at one target: the first at once, each retry after a backoff and only
-        while the error is transient, attempts are left, the retry budget has one and the
-        gate still admits the target (a breaker that just opened stops the retries)."""
+        """Attempts at one target. The first runs at once (the common path pays nothing for
+        the retry machinery); tenacity runs the retries, each after a backoff and only while
+        the error is transient, attempts are left, the retry budget has one and the gate
+        still admits the target (a breaker that just opened stops the retries)."""
         self._budget.record_call(target.label)
-        retries = 0
-        while True:
-            try:
-                return await self._attempt(target, call, trace, hooks.observer)
-            except ProviderError as exc:
-                if not await self._may_retry(exc, target, retries, hooks.gate):
-                    raise
-                await self._sleep(self._backoff(exc, retries))
-                retries += 1
+        try:
+            return await self._attempt(target, call, trace, hooks.observer)
+        except ProviderError as exc:
+            if not await self._may_retry(exc, target, 0, hooks.gate):
+                raise
+            await self._sleep(self._backoff(exc, 0))
+
+        async def should_retry(state: RetryCallState) -> bool:
+            # attempt_number counts tenacity's attempts, i.e. retries after the first one.
+            exc = state.outcome.exception() if state.outcome else None
+            if not isinstance(exc, ProviderError):
+                return False
+            return await self._may_retry(exc, target, state.attempt_number, hooks.gate)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max(1, self._config.max_attempts_per_target - 1)),
+            retry=should_retry,
+            wait=self._wait,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                result = await self._attempt(target, call, trace, hooks.observer)
+        return result
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        return self._backoff(exc, state.attempt_number)
 
     async def _may_retry(
         self, exc: ProviderError, target: Target, retries: int, gate: Gate | None

@@ -2,8 +2,10 @@
 
 ``Ledger`` (``base``) is the contract; ``open_ledger(config, redis_store)`` builds the backend
 that ``LedgerConfig`` names: ``SqliteLedger`` (``sqlite``, the embedded default) or
-``RedisStreamLedger`` (``redis_stream``, shared by replicas). ``auto`` means the Redis stream
-when ``state.backend`` is redis, else SQLite. Backends are imported only when chosen, so the
+``RedisStreamLedger`` (``redis_stream``, shared by replicas) behind a ``SpoolingLedger``
+(``spool``), which keeps rows in a local SQLite file (``ledger.spool_path``) while Redis is
+unreachable and replays them when it is back. ``auto`` means the Redis stream when
+``state.backend`` is redis, else SQLite. Backends are imported only when chosen, so the
 Redis client is not loaded by a gateway that does not use it.
 """
 
@@ -18,7 +20,15 @@ from policies.ledger.base import PAGE_ROWS, Ledger, matches
 if TYPE_CHECKING:
     from policies.store.redis import RedisStore
 
-__all__ = ["PAGE_ROWS", "Ledger", "ledger_backend", "matches", "open_ledger", "sqlite_path"]
+__all__ = [
+    "PAGE_ROWS",
+    "Ledger",
+    "ledger_backend",
+    "matches",
+    "open_ledger",
+    "spool_path",
+    "sqlite_path",
+]
 
 
 def ledger_backend(config: Config) -> Literal["sqlite", "redis"]:
@@ -34,16 +44,26 @@ def sqlite_path(config: Config) -> Path:
     return relative_to_config(config, config.ledger.path)
 
 
+def spool_path(config: Config) -> Path:
+    """The Redis ledger's spool file; a relative ``ledger.spool_path`` starts at the policy
+    file."""
+    return relative_to_config(config, config.ledger.spool_path)
+
+
 def open_ledger(config: Config, redis_store: RedisStore | None = None) -> Ledger:
     """The ledger ``config`` names. The Redis backend borrows ``redis_store`` (the gateway's
-    ``RedisStore``) and raises ``ValueError`` without one; SQLite creates its file (and
-    folder) if needed and raises ``sqlite3.Error``/``OSError`` if it cannot."""
+    ``RedisStore``) and raises ``ValueError`` without one; it spools to ``spool_path`` while
+    Redis is down. SQLite files (the ledger's, the spool) are created (with their folder) if
+    needed, raising ``sqlite3.Error``/``OSError`` if they cannot be."""
     if ledger_backend(config) == "redis":
         if redis_store is None:
             raise ValueError("ledger backend redis needs the RedisStore (state.backend: redis)")
         from policies.ledger.redis_stream import RedisStreamLedger
+        from policies.ledger.spool import SpoolingLedger
+        from policies.ledger.sqlite import SqliteLedger
 
-        return RedisStreamLedger(redis_store, maxlen=config.ledger.stream_maxlen)
+        primary = RedisStreamLedger(redis_store, maxlen=config.ledger.stream_maxlen)
+        return SpoolingLedger(primary, SqliteLedger(spool_path(config)), redis_store.clock)
     from policies.ledger.sqlite import SqliteLedger
 
     return SqliteLedger(sqlite_path(config))

@@ -276,24 +276,30 @@ class DownStore(MemoryStore):
         return await super().run(script, keys, args)
 
 
-async def test_store_outage_falls_back_to_the_local_machine(caplog):
+async def test_store_outage_falls_back_to_the_local_machine():
+    from structlog.testing import capture_logs
+
     clock = FakeClock()
     store = DownStore(clock)
     breakers = SharedBreakers(FAST, store, clock)
-    breakers.record("x/m", "UpstreamConnectError")
-    breakers.record("x/m", "UpstreamConnectError")
-    await breakers.flush()
-    assert breakers.store_down and breakers.store_failures == 1  # one batched write
-    assert breakers.state("x/m") == "open"
-    await breakers.refresh()  # fails, keeps the local state
-    assert breakers.state("x/m") == "open"
-    clock.advance(5.0)
-    assert await breakers.try_probe("x/m") is True  # local probe slot
-    assert await breakers.try_probe("x/m") is False
-    store.down = False
-    await breakers.refresh()  # back: the shared state (nothing recorded) replaces local
+    with capture_logs() as logs:
+        breakers.record("x/m", "UpstreamConnectError")
+        breakers.record("x/m", "UpstreamConnectError")
+        await breakers.flush()
+        assert breakers.store_down and breakers.store_failures == 1  # one batched write
+        assert breakers.state("x/m") == "open"
+        await breakers.refresh()  # fails, keeps the local state
+        assert breakers.state("x/m") == "open"
+        clock.advance(5.0)
+        assert await breakers.try_probe("x/m") is True  # local probe slot
+        assert await breakers.try_probe("x/m") is False
+        store.down = False
+        await breakers.refresh()  # back: the shared state (nothing recorded) replaces local
     assert not breakers.store_down
     assert breakers.state("x/m") == "closed"
+    events = [entry["event"] for entry in logs]
+    assert events == ["breaker.store_unavailable", "breaker.store_recovered"]  # once each
+    assert logs[0]["log_level"] == "warning" and logs[0]["fallback"] == "local"
 
 
 async def test_background_refresh_loop_picks_up_remote_changes():
