@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from core.config import ConfigError, load_config
+from core.config import Config, ConfigError, load_config
 from gateway.runtime import Runtime
 from gateway.state import GatewayState
 
@@ -42,6 +42,7 @@ class Reloader:
                 _log.error("config.reload_rejected", path=str(self._path), errors=exc.errors)
                 return exc.errors
             state = self._state
+            _warn_restart_only(state.runtime.config, config)
             try:
                 runtime = Runtime(
                     config,
@@ -67,3 +68,10 @@ class Reloader:
             digest = await asyncio.to_thread(self._read_digest)
             if digest is not None and digest != self._digest:
                 await self.reload()
+
+
+def _warn_restart_only(old: Config, new: Config) -> None:
+    """The store and the ledger are opened once per process: changes apply at restart."""
+    changed = [name for name in ("state", "ledger") if getattr(old, name) != getattr(new, name)]
+    if changed:
+        _log.warning("config.restart_needed", sections=changed)
