@@ -47,6 +47,14 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     in_flight: int = 0  # requests the gateway has sent and not yet seen finish
     prefix_blocks: int = 0  # leading blocks of this request's prompt the replica likely holds
     cache_hit_rate: float | None = None
+    # TTFT as a function of the prompt (``routers.strategies.predict.ttft_s``): fitted TTFT
+    # at an empty prompt and seconds per prompt token; None until fitted (the prediction
+    # then falls back to ``ttft_s``).
+    ttft_base_s: float | None = None
+    ttft_per_token_s: float | None = None
+    # Root mean square of the relative TTFT prediction error (0.3: typically 30% off), for
+    # tail-aware predictions; None until there is a prediction error to measure.
+    ttft_spread: float | None = None
 
 
 UNKNOWN = TargetHealth()

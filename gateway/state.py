@@ -137,6 +137,9 @@ class GatewayState:
         self._start_task = asyncio.create_task(self._start())
         await self.trackers.capacity.start()
         await self.trackers.breakers.start()
+        start_ledger = getattr(self.ledger, "start", None)
+        if start_ledger is not None:  # replays rows a previous run spooled during an outage
+            await start_ledger()
 
     async def _start(self) -> None:
         try:

@@ -26,12 +26,19 @@ class Gateway:
 
 
 def with_private_ledger(config: Config) -> Config:
-    """``config`` with its SQLite ledger in a fresh temporary folder when the text left the
-    default relative path (tests must not write into the working directory)."""
-    if config.ledger.path != LedgerConfig().path:
-        return config
+    """``config`` with its SQLite ledger (and Redis spool) in a fresh temporary folder when
+    the text left the default relative paths (tests must not write into the working
+    directory)."""
+    default = LedgerConfig()
+    changes: dict[str, str] = {}
     folder = tempfile.mkdtemp(prefix="switchyard-ledger-")
-    ledger = msgspec.structs.replace(config.ledger, path=f"{folder}/usage.sqlite3")
+    if config.ledger.path == default.path:
+        changes["path"] = f"{folder}/usage.sqlite3"
+    if config.ledger.spool_path == default.spool_path:
+        changes["spool_path"] = f"{folder}/spool.sqlite3"
+    if not changes:
+        return config
+    ledger = msgspec.structs.replace(config.ledger, **changes)
     return msgspec.structs.replace(config, ledger=ledger)
 
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from core.clock import FakeClock
@@ -152,12 +153,14 @@ async def test_maxlen_trims_only_when_configured(store):
     assert (await read(trimmed))[-1].request_id == "req_00899"
 
 
-async def test_open_ledger_builds_the_stream_from_the_config(store):
+async def test_open_ledger_builds_the_stream_from_the_config(store, tmp_path):
     config = parse_config("state: {backend: redis}\nledger: {stream_maxlen: 5000}")
+    config = msgspec.structs.replace(config, source=str(tmp_path / "config.yaml"))
     ledger = open_ledger(config, store)
-    assert isinstance(ledger, RedisStreamLedger) and ledger.maxlen == 5000
+    assert isinstance(ledger.primary, RedisStreamLedger) and ledger.primary.maxlen == 5000
     await ledger.append(row(1))
     assert await read(ledger) == [row(1)]
+    await ledger.aclose()
 
 
 async def test_exports_stream_from_redis(store):
