@@ -44,7 +44,8 @@ async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/admin/targets")
 async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Each target's breaker state, latency estimates, saturation and cache hit rate."""
+    """Each target's breaker state, latency estimates, saturation and cache hit rate, and
+    the admission queue's depth per tenant."""
     require_admin(request)
     state = _state(request)
     runtime = state.runtime
@@ -69,5 +70,6 @@ async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
         for alias, items in runtime.skipped.items()
         if items
     }
-    body = {"targets": list(seen.values()), "skipped": skipped}
+    queue = {"depth": state.queue.depth, "by_tenant": state.queue.depth_by_tenant()}
+    body = {"targets": list(seen.values()), "skipped": skipped, "queue": queue}
     return Response(msgspec.json.encode(body), media_type=_JSON)
