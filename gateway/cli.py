@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,12 @@ def _config_path(value: str | None) -> str:
 
 def _progress(message: str) -> None:
     print(f"[switchyard] {message}", file=sys.stderr, flush=True)
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    # uvicorn drains on SIGTERM, puts back the handler it found (this one) and raises the
+    # signal again: a graceful shutdown then ends with exit code 0, not death by signal.
+    raise SystemExit(0)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -44,6 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "it); add a `tenants:` section to require API keys or JWTs"
         )
     app = create_app(config, progress=_progress)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         app,
         host=args.host,

@@ -89,7 +89,9 @@ def mapped_errors(provider: str) -> Iterator[None]:
         raise UpstreamTimeoutError(
             f"upstream {provider} timed out ({type(exc).__name__})", provider=provider
         ) from exc
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError) as exc:
+        # A WriteError means the request never reached the upstream: as safe to retry as
+        # a refused connection.
         raise UpstreamConnectError(
             f"cannot connect to upstream {provider}: {exc}", provider=provider
         ) from exc

@@ -6,7 +6,11 @@ docs/decisions/0002-http-client.md).
 aiohttp's errors are mapped onto httpx's exceptions by what happened, so
 ``providers.http.mapped_errors`` sees the same classes it would see from httpcore: refused
 connection -> ConnectError, connect deadline -> ConnectTimeout, read deadline -> ReadTimeout,
-a peer that hangs up or breaks the framing -> RemoteProtocolError.
+a peer that hangs up or breaks the framing -> RemoteProtocolError, a request that could not
+be written on a pooled connection the peer had closed -> WriteError.
+
+Idle pooled connections are dropped after 4 s: below the 5 s keep-alive of uvicorn (and so
+vLLM) and most proxies, so a reused connection rarely races the peer's close.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def _mapped(request: httpx.Request | None) -> Iterator[None]:
         raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
     except aiohttp.ClientConnectorError as exc:
         raise httpx.ConnectError(str(exc), request=request) from exc
+    except aiohttp.ClientConnectionResetError as exc:
+        # "Can not write request body": a pooled connection the peer had closed. Nothing
+        # reached the upstream, so the call is safe to repeat (providers map this to a
+        # retryable connect error).
+        raise httpx.WriteError(str(exc) or "connection reset", request=request) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
         raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
     except aiohttp.ClientResponseError as exc:
@@ -61,7 +70,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 keep-alive pool of ``max_connections`` sockets, created on first use (an
     aiohttp session must be made inside the running event loop)."""
 
-    def __init__(self, max_connections: int = 1000, keepalive_expiry: float = 30.0) -> None:
+    def __init__(self, max_connections: int = 1000, keepalive_expiry: float = 4.0) -> None:
         self._limit = max_connections
         self._keepalive = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None

@@ -55,3 +55,21 @@ def test_retry_after_forms():
     assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
     assert parse_retry_after(httpx.Headers({})) is None
     assert parse_retry_after(httpx.Headers({"retry-after": "-4"})) == 0
+
+
+def test_unwritable_pooled_connection_is_a_retryable_connect_error():
+    """aiohttp's "Can not write request body" (the peer closed a pooled connection) reaches
+    the providers as httpx.WriteError and becomes a retryable UpstreamConnectError."""
+    import aiohttp
+
+    from core.errors import UpstreamConnectError
+    from providers.http import mapped_errors
+    from providers.transport import _mapped
+
+    with pytest.raises(httpx.WriteError) as written:
+        with _mapped(None):
+            raise aiohttp.ClientConnectionResetError("Can not write request body")
+    with pytest.raises(UpstreamConnectError) as mapped:
+        with mapped_errors("p"):
+            raise written.value
+    assert mapped.value.retryable and mapped.value.fallback_ok
