@@ -66,10 +66,8 @@ def test_unwritable_pooled_connection_is_a_retryable_connect_error():
     from providers.http import mapped_errors
     from providers.transport import _mapped
 
-    with pytest.raises(httpx.WriteError) as written:
-        with _mapped(None):
-            raise aiohttp.ClientConnectionResetError("Can not write request body")
-    with pytest.raises(UpstreamConnectError) as mapped:
-        with mapped_errors("p"):
-            raise written.value
+    with pytest.raises(httpx.WriteError) as written, _mapped(None):
+        raise aiohttp.ClientConnectionResetError("Can not write request body")
+    with pytest.raises(UpstreamConnectError) as mapped, mapped_errors("p"):
+        raise written.value
     assert mapped.value.retryable and mapped.value.fallback_ok
