@@ -35,7 +35,11 @@ class LowestCostStrategy(_Strict, tag="lowest_cost", tag_field="type", frozen=Tr
 
 class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     """The cheapest target whose predicted TTFT and total latency meet the objective (from
-    the request header, the tenant or the alias); if none can, the fastest first."""
+    the request header, the tenant or the alias); if none can, the closest first.
+    ``tail_z`` picks the quantile the prediction must meet (1.2816 = p90 of a log-normal
+    spread around the prompt-length fit)."""
+
+    tail_z: Annotated[float, Meta(ge=0)] = 1.2816
 
 
 class PrefixAwareStrategy(_Strict, tag="prefix_aware", tag_field="type", frozen=True):

@@ -44,10 +44,10 @@ class RequestHealth:
 
     def _build(self, label: str) -> TargetHealth:
         trackers = self._trackers
-        ttft, tpot = trackers.latency.estimate(label)
+        latency = trackers.latency.health(label)  # EWMAs and the TTFT model
         capacity = trackers.capacity
         if not capacity.knows(label):
-            return TargetHealth(breaker=trackers.breakers.state(label), ttft_s=ttft, tpot_s=tpot)
+            return msgspec.structs.replace(latency, breaker=trackers.breakers.state(label))
         local = capacity.health(label, self._req.prefix_hashes)
         slo = self._req.slo_ttft_ms
         # A replica that cannot start answering within the request's TTFT objective counts
@@ -56,8 +56,11 @@ class RequestHealth:
         return msgspec.structs.replace(
             local,
             breaker=trackers.breakers.state(label),
-            ttft_s=ttft if ttft is not None else local.ttft_s,
-            tpot_s=tpot,
+            ttft_s=latency.ttft_s if latency.ttft_s is not None else local.ttft_s,
+            tpot_s=latency.tpot_s,
+            ttft_base_s=latency.ttft_base_s,
+            ttft_per_token_s=latency.ttft_per_token_s,
+            ttft_spread=latency.ttft_spread,
             saturated=local.saturated or late,
         )
 
@@ -67,11 +70,16 @@ class TrackerObserver:
 
     A local replica counts the request as in flight from the attempt's start until the
     attempt fails or, when it succeeded, until ``release()`` at the end of the request
-    (a stream keeps the replica busy after its first chunk)."""
+    (a stream keeps the replica busy after its first chunk).
+
+    ``prompt_tokens``: the request's prompt estimate (``RouteRequest.prompt_tokens``), set
+    once the request is routed; it goes with each TTFT sample to the latency stats, which
+    fit TTFT against prompt length (None: the sample updates only the mean)."""
 
     def __init__(self, trackers: Trackers) -> None:
         self._trackers = trackers
         self._holding: list[str] = []
+        self.prompt_tokens: int | None = None
 
     def attempt_started(self, label: str) -> None:
         self._trackers.breakers.attempt_started(label)
@@ -84,7 +92,9 @@ class TrackerObserver:
     ) -> None:
         trackers = self._trackers
         trackers.breakers.attempt_finished(label, error=error, ttft_s=ttft_s, retryable=retryable)
-        trackers.latency.attempt_finished(label, error=error, ttft_s=ttft_s, retryable=retryable)
+        trackers.latency.attempt_finished(
+            label, error=error, ttft_s=ttft_s, retryable=retryable, prompt_tokens=self.prompt_tokens
+        )
         if label not in self._holding:
             return
         if error is not None:

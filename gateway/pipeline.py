@@ -158,6 +158,7 @@ class Scope:
 
     def _plan(self, targets: list[Target], skipped: list[Skipped], req: ChatRequest | None) -> Plan:
         assert self.route is not None
+        self.observer.prompt_tokens = self.route.prompt_tokens  # feeds the TTFT-vs-prompt fit
         health = self.state.trackers.view(self.route)
         strategy = self.runtime.strategies[self.route.model]
         plan = plan_route(self.route, targets, health, strategy, _rng, req)

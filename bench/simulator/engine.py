@@ -116,7 +116,8 @@ class Simulation:
                 continue
             service = self.models[label].serve(at_s, req, noise)
             end_s = at_s + service.total_s(req.output_tokens)
-            self.board.succeeded(label, at_s, service.ttft_s, service.tpot_s, end_s)
+            self.board.succeeded(label, at_s, service.ttft_s, service.tpot_s, end_s,
+                                 req.prompt_tokens, req.output_tokens)
             ttft = at_s - req.arrival_s + service.ttft_s
             return Outcome(req, label, ttft, service.cost_usd, tuple(failed))
         return Outcome(req, None, None, 0.0, tuple(failed))

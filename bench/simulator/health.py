@@ -3,8 +3,11 @@
 Observations reach the board at the simulated time they happen (a first token at
 ``start + ttft``, a failure at ``start + fail_after``), through a time-ordered queue that
 ``advance(now)`` drains before each routing decision; so a strategy never sees the future.
-The board is a ``core.routing.HealthView``: EWMAs of TTFT and time per token (alpha 0.2),
-in-flight counts, a consecutive-failure circuit breaker (open after ``trip_after``
+The board is a ``core.routing.HealthView``. Latency estimates come from the gateway's own
+``policies.latency.LatencyStats`` (default settings, as the gateway builds it), on a clock
+that reads the simulated time, fed what the gateway feeds it: each first token's TTFT with
+the request's prompt tokens, and each answer's decode time over its output tokens. Besides
+those: in-flight counts, a consecutive-failure circuit breaker (open after ``trip_after``
 failures, half-open after ``cooldown_s``, closed again on a success), and for the local
 tier its live queue (saturated when a new request would wait).
 """
@@ -15,22 +18,30 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.routing import BreakerState, TargetHealth
+import msgspec
 
-ALPHA = 0.2
+from core.routing import BreakerState, TargetHealth
+from policies.latency import LatencyStats
 
 
 @dataclass
 class _Stats:
-    ttft_s: float | None = None
-    tpot_s: float | None = None
     in_flight: int = 0
     consecutive_failures: int = 0
     open_until: float | None = None
 
 
-def _ewma(old: float | None, value: float) -> float:
-    return value if old is None else old + ALPHA * (value - old)
+class _SimClock:
+    """``core.clock.Clock`` on simulated seconds (set by the board as events apply)."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def now(self) -> float:
+        return self.at
+
+    def wall(self) -> float:
+        return self.at
 
 
 @dataclass
@@ -44,25 +55,34 @@ class HealthBoard:
     trip_after: int = 5
     cooldown_s: float = 15.0
     _stats: dict[str, _Stats] = field(default_factory=dict)
-    _events: list[tuple[float, int, str, str, float]] = field(default_factory=list)
+    _events: list[tuple[float, int, str, str, float, int | None]] = field(
+        default_factory=list)
     _seq: int = 0
     _now: float = 0.0
+    _clock: _SimClock = field(default_factory=_SimClock)
+    latency: LatencyStats = field(init=False)
 
     def __post_init__(self) -> None:
         self._stats = {label: _Stats() for label in self.labels}
+        self.latency = LatencyStats(self._clock)
 
     # ------------------------------------------------------------ observations
-    def _push(self, at_s: float, kind: str, label: str, value: float = 0.0) -> None:
+    def _push(self, at_s: float, kind: str, label: str, value: float = 0.0,
+              tokens: int | None = None) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (at_s, self._seq, kind, label, value))
+        heapq.heappush(self._events, (at_s, self._seq, kind, label, value, tokens))
 
     def started(self, label: str) -> None:
         self._stats[label].in_flight += 1
 
     def succeeded(self, label: str, start_s: float, ttft_s: float, tpot_s: float,
-                  end_s: float) -> None:
-        self._push(start_s + ttft_s, "ttft", label, ttft_s)
-        self._push(end_s, "done", label, tpot_s)
+                  end_s: float, prompt_tokens: int | None = None,
+                  output_tokens: int = 1) -> None:
+        """A served attempt: its first token at ``start_s + ttft_s`` (a TTFT sample, with
+        ``prompt_tokens`` when given), its last at ``end_s`` (``output_tokens`` decoded at
+        ``tpot_s`` each)."""
+        self._push(start_s + ttft_s, "ttft", label, ttft_s, prompt_tokens)
+        self._push(end_s, "done", label, tpot_s * output_tokens, output_tokens)
 
     def failed(self, label: str, at_s: float) -> None:
         self._push(at_s, "fail", label)
@@ -71,16 +91,20 @@ class HealthBoard:
         """Apply every observation made up to ``now_s``."""
         self._now = now_s
         while self._events and self._events[0][0] <= now_s:
-            at_s, _, kind, label, value = heapq.heappop(self._events)
-            self._apply(at_s, kind, self._stats[label], value)
+            at_s, _, kind, label, value, tokens = heapq.heappop(self._events)
+            self._clock.at = at_s
+            self._apply(at_s, kind, label, value, tokens)
+        self._clock.at = now_s
 
-    def _apply(self, at_s: float, kind: str, stats: _Stats, value: float) -> None:
+    def _apply(self, at_s: float, kind: str, label: str, value: float,
+               tokens: int | None) -> None:
+        stats = self._stats[label]
         if kind == "ttft":
-            stats.ttft_s = _ewma(stats.ttft_s, value)
+            self.latency.observe_ttft(label, value, tokens)
             stats.consecutive_failures = 0
             stats.open_until = None
         elif kind == "done":
-            stats.tpot_s = _ewma(stats.tpot_s, value)
+            self.latency.observe_tokens(label, tokens or 0, value)
             stats.in_flight -= 1
         else:  # a failure: the attempt is over
             stats.in_flight -= 1
@@ -100,10 +124,9 @@ class HealthBoard:
         stats = self._stats[label]
         load = self.local_load(label, self._now)
         running, waiting, saturated = load if load is not None else (0, 0, False)
-        return TargetHealth(
+        return msgspec.structs.replace(
+            self.latency.health(label),
             breaker=self.breaker(label),
-            ttft_s=stats.ttft_s,
-            tpot_s=stats.tpot_s,
             saturated=saturated,
             waiting=waiting,
             running=running,

@@ -2,7 +2,16 @@
 a target's EWMAs, cost from its price, and the formatting used in route reasons.
 
 Rules, stated once:
-- TTFT is the EWMA of time to first token (``None``: never measured).
+- TTFT = ``ttft_base_s`` + ``ttft_per_token_s`` x the request's prompt tokens, the target's
+  fitted TTFT model (``policies.latency``); before a model is fitted, the EWMA of time to
+  first token (``None``: never measured).
+- Tail TTFT (``ttft_tail_s``) = TTFT x exp(z x ``ttft_spread``), the spread being the RMS
+  of the log prediction error: about the TTFT that only one request in
+  ``1 / (1 - Phi(z))`` exceeds, were that error normal (z = 1.28: the 90th percentile;
+  z = 0: the prediction itself). Multiplicative, because latency noise grows with the
+  latency (a long prompt's TTFT varies by more seconds than a short one's). It errs on
+  the safe side: the RMS counts a biased prediction's bias as spread too. An unmeasured
+  spread counts as 0.
 - Total latency = TTFT + time per output token x expected output tokens. A missing
   time-per-token counts as 0: non-streamed answers fold generation into their "TTFT"
   (time to the whole answer), so TTFT alone is then the best estimate there is.
@@ -12,20 +21,39 @@ Rules, stated once:
 
 from __future__ import annotations
 
+import math
+
 from core.routing import RouteRequest, TargetHealth
 from routers.targets import Target
 
+P90_Z = 1.2816  # the standard normal's 90th percentile
+_MAX_EXPONENT = 50.0
 
-def ttft_s(health: TargetHealth) -> float | None:
-    """Predicted seconds to the first token, or None when unmeasured."""
+
+def ttft_s(req: RouteRequest, health: TargetHealth) -> float | None:
+    """Predicted seconds to the first token of ``req``, or None when unmeasured."""
+    if health.ttft_base_s is not None and health.ttft_per_token_s is not None:
+        return health.ttft_base_s + health.ttft_per_token_s * req.prompt_tokens
     return health.ttft_s
 
 
-def total_s(req: RouteRequest, health: TargetHealth) -> float | None:
-    """Predicted seconds to the whole answer, or None when TTFT is unmeasured."""
-    if health.ttft_s is None:
+def ttft_tail_s(req: RouteRequest, health: TargetHealth, z: float) -> float | None:
+    """The ``z`` tail of ``req``'s TTFT (see the module docstring), or None when
+    unmeasured."""
+    first = ttft_s(req, health)
+    if first is None:
         return None
-    return health.ttft_s + (health.tpot_s or 0.0) * req.output_tokens
+    # Capped exponent: an absurd spread still gives a finite (absurdly long) prediction.
+    return first * math.exp(min(z * (health.ttft_spread or 0.0), _MAX_EXPONENT))
+
+
+def total_s(req: RouteRequest, health: TargetHealth, z: float = 0.0) -> float | None:
+    """Predicted seconds to the whole answer (its TTFT at tail ``z``), or None when TTFT is
+    unmeasured."""
+    first = ttft_tail_s(req, health, z)
+    if first is None:
+        return None
+    return first + (health.tpot_s or 0.0) * req.output_tokens
 
 
 def cost_usd(req: RouteRequest, target: Target) -> float | None:

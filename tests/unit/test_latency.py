@@ -1,13 +1,17 @@
-"""Latency EWMAs: the arithmetic, freshness on the injected clock, the observer hook."""
+"""Latency EWMAs and the TTFT model: the arithmetic, freshness on the injected clock, the
+observer hook."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from core.clock import FakeClock
-from policies.latency import LatencyStats
+from core.routing import TargetHealth
+from policies.latency import DEFAULT_MAX_AGE_S, LatencyStats, TtftModel
 
 
 def test_first_sample_is_taken_as_is_then_ewma():
@@ -68,3 +72,120 @@ def test_ewma_stays_within_the_samples(samples, alpha):
         stats.observe_ttft("a", sample)
     ttft = stats.estimate("a")[0]
     assert min(samples) - 1e-9 <= ttft <= max(samples) + 1e-9
+
+
+# ---------------------------------------------------------------- TTFT model
+def test_ttft_model_fits_prompt_length_and_measures_its_error_out_of_sample():
+    stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    stats.observe_ttft("a", 1.0, prompt_tokens=0)
+    assert stats.ttft_model("a") == TtftModel(1.0, 0.0, None)  # one sample: flat, unchecked
+    stats.observe_ttft("a", 2.0, prompt_tokens=1000)  # predicted 1.0: log error ln 2
+    model = stats.ttft_model("a")
+    assert model.base_s == pytest.approx(1.0)
+    assert model.per_token_s == pytest.approx(0.001)  # two points: the line through both
+    assert model.spread == pytest.approx(math.log(2))
+    assert model.predict(3000) == pytest.approx(4.0)
+    stats.observe_ttft("a", 4.0, prompt_tokens=3000)  # on the line: error 0
+    model = stats.ttft_model("a")
+    assert (model.base_s, model.per_token_s) == (pytest.approx(1.0), pytest.approx(0.001))
+    # Errors ln 2 then 0, weighted 1/3 and 2/3 (the warm-up of a decayed sum from 0).
+    assert model.spread == pytest.approx(math.log(2) / math.sqrt(3))
+    assert stats.estimate("a")[0] == pytest.approx(0.25 * 1.0 + 0.25 * 2.0 + 0.5 * 4.0)
+
+
+def test_ttft_model_slope_is_shrunk_by_the_prior():
+    stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=1000)
+    stats.observe_ttft("a", 1.0, prompt_tokens=0)
+    stats.observe_ttft("a", 2.0, prompt_tokens=1000)
+    # var(x) = 2e6/9 and cov = 2000/9: slope 2000 / (2e6 + 9e6); the line keeps the mean.
+    model = stats.ttft_model("a")
+    assert model.per_token_s == pytest.approx(1 / 5500)
+    assert model.base_s == pytest.approx(5 / 3 - (2000 / 3) / 5500)
+
+
+def test_a_slope_learnt_on_long_prompts_survives_a_run_of_short_ones():
+    """Once long prompts are routed elsewhere a target sees only short ones; exponential
+    forgetting then shrinks var(x) far below the prior, and the slope must not decay with
+    it (a ridge towards 0 would leave ~0.6% of it here and call a 40k prompt fast)."""
+    stats = LatencyStats(FakeClock(), alpha=0.2, prior_tokens=1000)
+    for i in range(30):
+        x = 40_000 * (i % 2)
+        stats.observe_ttft("a", 0.5 + 1e-4 * x, prompt_tokens=x)
+    assert stats.ttft_model("a").per_token_s == pytest.approx(1e-4, rel=1e-3)
+    for _ in range(50):
+        stats.observe_ttft("a", 0.5 + 1e-4 * 500, prompt_tokens=500)
+    model = stats.ttft_model("a")
+    assert model.per_token_s == pytest.approx(1e-4, rel=1e-3)
+    assert model.predict(40_000) == pytest.approx(4.5, rel=1e-3)
+
+
+def test_ttft_model_stays_physical():
+    falling = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    falling.observe_ttft("a", 2.0, prompt_tokens=0)
+    falling.observe_ttft("a", 1.0, prompt_tokens=1000)
+    flat = falling.ttft_model("a")
+    assert (flat.base_s, flat.per_token_s) == (pytest.approx(4 / 3), 0.0)  # flat at the mean
+    steep = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    steep.observe_ttft("a", 0.5, prompt_tokens=1000)
+    steep.observe_ttft("a", 2.5, prompt_tokens=2000)  # base would be -1.5
+    model = steep.ttft_model("a")
+    assert model.base_s == 0.0  # through the origin and the mean point (5000/3, 11/6)
+    assert model.per_token_s == pytest.approx((11 / 6) / (5000 / 3))
+
+
+def test_samples_without_prompt_tokens_update_only_the_mean():
+    stats = LatencyStats(FakeClock(), alpha=1.0)
+    stats.observe_ttft("a", 0.7)
+    stats.attempt_finished("a", error=None, ttft_s=0.9, retryable=False)
+    assert stats.ttft_model("a") is None
+    assert stats.health("a") == TargetHealth(ttft_s=0.9)
+    stats.attempt_finished("a", error=None, ttft_s=0.4, retryable=False, prompt_tokens=300)
+    stats.attempt_finished("a", error="UpstreamServerError", ttft_s=9.0, retryable=True,
+                           prompt_tokens=300)
+    stats.observe_tokens("a", 10, 0.2)
+    assert stats.health("a") == TargetHealth(ttft_s=0.4, tpot_s=0.02, ttft_base_s=0.4,
+                                             ttft_per_token_s=0.0, ttft_spread=None)
+
+
+def test_ttft_model_is_forgotten_after_the_default_max_age():
+    clock = FakeClock()
+    stats = LatencyStats(clock)
+    assert stats.max_age_s == DEFAULT_MAX_AGE_S == 300
+    stats.observe_ttft("a", 9.0, prompt_tokens=100)
+    clock.advance(300)
+    assert stats.ttft_model("a") is not None
+    clock.advance(0.1)
+    assert stats.ttft_model("a") is None and stats.health("a") == TargetHealth()
+    stats.observe_ttft("a", 0.3, prompt_tokens=5000)  # a fresh fit, not mixed with 9 s
+    assert stats.ttft_model("a") == TtftModel(0.3, 0.0, None)
+
+
+lines = st.tuples(st.floats(0.01, 5), st.floats(0, 1e-3))
+prompts = st.lists(st.integers(0, 50_000), min_size=2, max_size=40)
+
+
+@given(lines, prompts)
+def test_samples_on_a_line_are_fitted_to_that_line(line, xs):
+    base, slope = line
+    stats = LatencyStats(FakeClock(), alpha=0.3, prior_tokens=0)
+    for x in xs:
+        stats.observe_ttft("a", base + slope * x, prompt_tokens=x)
+    model = stats.ttft_model("a")
+    if len(set(xs)) > 1:
+        assert model.base_s == pytest.approx(base, rel=1e-6, abs=1e-9)
+        assert model.per_token_s == pytest.approx(slope, rel=1e-6, abs=1e-12)
+    for x in xs:
+        assert model.predict(x) == pytest.approx(base + slope * x, rel=1e-6)
+
+
+@given(st.lists(st.tuples(st.integers(0, 100_000), st.floats(0, 60)), min_size=1, max_size=40),
+       st.floats(0.01, 1), st.floats(0, 5000))
+def test_ttft_model_is_never_negative(samples, alpha, prior):
+    stats = LatencyStats(FakeClock(), alpha=alpha, prior_tokens=prior)
+    for tokens, seconds in samples:
+        stats.observe_ttft("a", seconds, prompt_tokens=tokens)
+    model = stats.ttft_model("a")
+    assert model.base_s >= 0 and model.per_token_s >= 0
+    assert model.spread is None or model.spread >= 0
+    # The base is the fitted TTFT of an empty prompt: never above the slowest sample.
+    assert model.base_s <= max(s for _, s in samples) * (1 + 1e-9) + 1e-12

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import msgspec
 import pytest
 
 from bench.simulator.__main__ import main
@@ -22,14 +23,18 @@ from bench.simulator.targets import (
     request_cost,
 )
 from bench.simulator.trace import MIXED, SimRequest, make_trace
+from core.clock import FakeClock
 from core.config_routing import PriorityStrategy, SloStrategy
 from core.config_tenants import Price
+from policies.latency import LatencyStats
 from routers.strategies import build_strategy
 
 
-def managed(label: str, ttft: float, price: float = 1.0, sigma: float = 0.0) -> ManagedModel:
+def managed(label: str, ttft: float, price: float = 1.0, sigma: float = 0.0,
+            prefill: float = 0.0) -> ManagedModel:
     return ManagedModel(label, Price(input_per_mtok=price, output_per_mtok=price * 4),
-                        ttft_base_s=ttft, prefill_s_per_token=0.0, tpot_s=0.01, noise_sigma=sigma)
+                        ttft_base_s=ttft, prefill_s_per_token=prefill, tpot_s=0.01,
+                        noise_sigma=sigma)
 
 
 def local(slots: int = 2) -> LocalTier:
@@ -93,6 +98,34 @@ def test_board_learns_only_what_has_happened_by_now() -> None:
     assert board.health("a/x").tpot_s == 0.05 and board.health("a/x").in_flight == 0
 
 
+def test_board_feeds_the_gateways_latency_stats_what_the_gateway_would() -> None:
+    """The board's latency fields are exactly those of a ``LatencyStats`` built as the
+    gateway builds it and fed the same samples at the same (simulated) times."""
+    board = HealthBoard(["a/x"], lambda label, now: None)
+    clock = FakeClock(start=0.0)
+    reference = LatencyStats(clock)
+    samples = [(0.0, 1.0, 2000, 0.02, 100), (1.0, 2.5, 30_000, 0.03, 50),
+               (5.0, 0.8, 500, 0.01, 10)]
+    for start, ttft, prompt, tpot, output in samples:
+        board.started("a/x")
+        board.succeeded("a/x", start, ttft, tpot, start + ttft + tpot * output, prompt, output)
+    events = sorted([(s + t, "ttft", t, p) for s, t, p, _, _ in samples]
+                    + [(s + t + tp * o, "done", tp * o, o) for s, t, _, tp, o in samples])
+    for at, kind, value, n in events:
+        clock.advance(at - clock.now())
+        if kind == "ttft":
+            reference.observe_ttft("a/x", value, n)
+        else:
+            reference.observe_tokens("a/x", n, value)
+    board.advance(clock.now())
+    health = board.health("a/x")
+    assert health.ttft_base_s is not None and health.ttft_per_token_s > 0
+    assert health.ttft_spread is not None and health.in_flight == 0
+    assert msgspec.structs.replace(health, breaker="closed") == reference.health("a/x")
+    board.advance(clock.now() + 301)  # the gateway's default max age: unmeasured again
+    assert board.health("a/x").ttft_s is None and board.health("a/x").ttft_base_s is None
+
+
 def test_board_breaker_opens_half_opens_and_closes() -> None:
     board = HealthBoard(["a/x"], lambda label, now: None, trip_after=3, cooldown_s=10.0)
     for i in range(3):
@@ -153,6 +186,22 @@ def test_slo_strategy_moves_off_a_target_measured_too_slow() -> None:
     served = [o.served_by for o in outcomes]
     assert served[0] == "v/cheap-slow"  # cheapest, unmeasured: explored
     assert set(served[10:]) == {"v/fast"}  # once measured at 2 s > 1 s, avoided
+
+
+def test_slo_strategy_sends_long_prompts_where_they_meet_the_objective() -> None:
+    """A cheap model that starts short prompts in time but needs ~4.8 s for a 40k-token
+    one, and a dear one that never does: once both are measured, the long prompts go dear
+    and the short ones cheap. A mean over both lengths (~2.9 s) would call the cheap model
+    good for everything, and every long prompt sent there would miss."""
+    targets = [managed("v/cheap", 0.8, price=0.1, prefill=1e-4),
+               managed("v/dear", 0.4, price=5.0, prefill=2e-5)]
+    trace = [req(i, i * 2.0, prompt=40_000 if i % 2 else 2000, slo_ms=4000.0)
+             for i in range(80)]
+    outcomes = Simulation(targets, build_strategy(SloStrategy()), seed=1).run(trace)
+    later = outcomes[20:]
+    assert {o.served_by for o in later if o.request.prompt_tokens == 2000} == {"v/cheap"}
+    assert {o.served_by for o in later if o.request.prompt_tokens == 40_000} == {"v/dear"}
+    assert all(o.met_slo for o in later)
 
 
 # ---------------------------------------------------------------- accounting and report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -31,7 +32,15 @@ from routers.strategies import (
     Weighted,
     build_strategy,
 )
-from routers.strategies.predict import cost_usd, fmt_s, fmt_usd, total_s
+from routers.strategies.predict import (
+    P90_Z,
+    cost_usd,
+    fmt_s,
+    fmt_usd,
+    total_s,
+    ttft_s,
+    ttft_tail_s,
+)
 
 
 class Provider:
@@ -86,6 +95,9 @@ def test_build_strategy_makes_one_fresh_instance_per_config_kind():
 healths = st.builds(
     TargetHealth,
     ttft_s=st.none() | st.floats(0, 10),
+    ttft_base_s=st.none() | st.floats(0, 5),
+    ttft_per_token_s=st.none() | st.floats(0, 1e-3),
+    ttft_spread=st.none() | st.floats(0, 1e6),
     tpot_s=st.none() | st.floats(0, 0.1),
     waiting=st.integers(0, 20),
     kv_usage=st.floats(0, 1),
@@ -218,7 +230,7 @@ def test_lowest_cost_cheapest_first_unpriced_last():
     assert ranked[3].reason == "lowest_cost: unpriced"
 
 
-def test_slo_cheapest_feasible_then_fastest_infeasible():
+def test_slo_cheapest_feasible_then_closest_infeasible():
     req = RouteRequest(model="a", prompt_tokens=1000, max_tokens=100, slo_ttft_ms=800)
     health = Health(
         cheap_slow=TargetHealth(ttft_s=1.5),
@@ -235,7 +247,7 @@ def test_slo_cheapest_feasible_then_fastest_infeasible():
     ranked = Slo().plan(req, candidates, health, random.Random(0))
     assert names(ranked) == ["mid", "dear_fast", "cheap_slow", "slowest"]
     assert ranked[0].reason == "slo: cheapest meeting ttft<=800ms (predicted 420ms, $0.0012 est.)"
-    assert ranked[2].reason == "slo: misses ttft<=800ms; fastest left (predicted 1.5s)"
+    assert ranked[2].reason == "slo: misses ttft<=800ms; closest left (predicted 1.5s)"
 
 
 def test_slo_total_objective_uses_time_per_token():
@@ -324,3 +336,68 @@ def test_predictions():
     assert cost_usd(REQ, target("x", price=per_mtok(2, 8))) == pytest.approx(0.0028)
     assert (fmt_s(0.42), fmt_s(1.25), fmt_usd(0.0002), fmt_usd(1.5), fmt_usd(0)) == (
         "420ms", "1.2s", "$0.0002", "$1.50", "$0")
+
+
+def test_predictions_from_the_ttft_model():
+    h = TargetHealth(ttft_s=9.0, tpot_s=0.01, ttft_base_s=0.5, ttft_per_token_s=1e-4,
+                     ttft_spread=0.25)
+    long = RouteRequest(model="a", prompt_tokens=10_000, max_tokens=100)
+    assert ttft_s(long, h) == pytest.approx(1.5)  # the fit, not the 9 s mean
+    assert ttft_s(REQ, h) == pytest.approx(0.6)
+    assert ttft_tail_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.25))
+    assert ttft_tail_s(long, h, 0.0) == pytest.approx(1.5)
+    assert total_s(long, h) == pytest.approx(1.5 + 1.0)
+    assert total_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.25) + 1.0)
+    no_model = TargetHealth(ttft_s=0.8, ttft_spread=0.5)  # spread without a fit: mean-based
+    assert ttft_s(long, no_model) == 0.8
+    assert ttft_tail_s(long, no_model, 1.0) == pytest.approx(0.8 * math.exp(0.5))
+    unchecked = TargetHealth(ttft_base_s=0.5, ttft_per_token_s=0.0)  # no spread: tail = mean
+    assert ttft_tail_s(long, unchecked, P90_Z) == 0.5
+    assert ttft_tail_s(long, UNKNOWN, P90_Z) is None
+    absurd = TargetHealth(ttft_base_s=1.0, ttft_per_token_s=0.0, ttft_spread=1e300)
+    assert ttft_tail_s(long, absurd, P90_Z) == pytest.approx(math.exp(50))  # finite
+
+
+# A cheap model with erratic latency and a dearer, steadier one (TTFT objective 4 s).
+CHEAP = TargetHealth(ttft_s=1.2, ttft_base_s=0.8, ttft_per_token_s=6e-5, ttft_spread=0.5)
+STEADY = TargetHealth(ttft_s=0.6, ttft_base_s=0.35, ttft_per_token_s=4e-5, ttft_spread=0.35)
+
+
+def summarise(prompt_tokens):
+    return RouteRequest(model="a", prompt_tokens=prompt_tokens, max_tokens=300,
+                        slo_ttft_ms=4000)
+
+
+def test_slo_predicts_from_the_prompt_and_the_tail():
+    health = Health(cheap=CHEAP, steady=STEADY)
+    candidates = [target("steady", price=per_mtok(0.4, 1.6)),
+                  target("cheap", price=per_mtok(0.1, 0.4))]
+    short = Slo().plan(summarise(5000), candidates, health, random.Random(0))
+    # cheap: 0.8 + 0.3 = 1.1 s, tail 1.1 x e^(1.28 x 0.5) = 2.1 s <= 4 s
+    assert names(short) == ["cheap", "steady"]
+    assert short[0].reason == ("slo: cheapest meeting ttft<=4000ms (predicted 1.1s (tail 2.1s), "
+                               "$0.00062 est.)")
+    long = Slo().plan(summarise(30_000), candidates, health, random.Random(0))
+    # cheap: 0.8 + 1.8 = 2.6 s, under 4 s on average, but its tail is 4.9 s; steady: 1.6 s
+    assert names(long) == ["steady", "cheap"]
+    assert long[1].reason == "slo: misses ttft<=4000ms; closest left (predicted 2.6s (tail 4.9s))"
+    # The mean alone (z = 0) would send the long prompt to the cheap model.
+    assert names(Slo(z=0).plan(summarise(30_000), candidates, health, random.Random(0))) == [
+        "cheap", "steady"]
+
+
+def test_slo_orders_infeasible_targets_by_the_objective_it_has():
+    """With only a TTFT objective, the quickest to start comes first, however slowly it
+    generates; with a total objective too, the worst ratio to either objective decides."""
+    ttft_only = RouteRequest(model="a", max_tokens=100, slo_ttft_ms=500)
+    health = Health(
+        quick_start=TargetHealth(ttft_s=1.1, tpot_s=0.05),  # total 6.1 s
+        quick_finish=TargetHealth(ttft_s=1.2, tpot_s=0.001),  # total 1.3 s
+    )
+    candidates = [target("quick_finish"), target("quick_start")]
+    ranked = Slo().plan(ttft_only, candidates, health, random.Random(0))
+    assert names(ranked) == ["quick_start", "quick_finish"]
+    both = RouteRequest(model="a", max_tokens=100, slo_ttft_ms=500, slo_total_ms=1000)
+    # quick_start: max(1.1/0.5, 6.1/1) = 6.1; quick_finish: max(1.2/0.5, 1.3/1) = 2.4
+    ranked = Slo().plan(both, candidates, health, random.Random(0))
+    assert names(ranked) == ["quick_finish", "quick_start"]
