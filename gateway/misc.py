@@ -39,22 +39,28 @@ def _state(request: Request[Any, Any, Any]) -> GatewayState:
     return state
 
 
-def _cards(state: GatewayState) -> list[ModelCard]:
-    config = state.runtime.config
-    created = state.created
-    return [ModelCard(alias, created, m.owned_by) for alias, m in config.models.items()]
+def _cards(request: Request[Any, Any, Any]) -> list[ModelCard]:
+    """The aliases the caller may use (401 without credentials when tenants exist)."""
+    state = _state(request)
+    runtime = state.runtime
+    principal = runtime.auth.authenticate(request.headers)
+    return [
+        ModelCard(alias, state.created, m.owned_by)
+        for alias, m in runtime.config.models.items()
+        if runtime.auth.may_use(principal, alias)
+    ]
 
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-    body = encoder.encode(ModelList(_cards(_state(request))))
+    body = encoder.encode(ModelList(_cards(request)))
     return Response(body, media_type=_JSON)
 
 
 @get("/v1/models/{model_id:path}")
 async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     model_id = model_id.lstrip("/")
-    for card in _cards(_state(request)):
+    for card in _cards(request):
         if card.id == model_id:
             return Response(encoder.encode(card), media_type=_JSON)
     raise ModelNotFoundError(f"The model '{model_id}' does not exist.", param="model")

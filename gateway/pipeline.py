@@ -17,7 +17,6 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
 from litestar import Request
 
 from core.config_tenants import TenantConfig
@@ -37,7 +36,6 @@ from routers.planner import Plan, plan_route
 from routers.sticky import prefer
 from routers.targets import Skipped, Target
 
-_log = structlog.get_logger("switchyard")
 _rng = random.Random()
 
 

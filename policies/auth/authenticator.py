@@ -136,15 +136,19 @@ class Authenticator:
     def authorize_model(self, principal: Principal, alias: str) -> None:
         """``PermissionDeniedError`` (403, param ``model``) unless the principal's tenant may
         use model ``alias``. Open and admin principals (no tenant) may use every model."""
-        if principal.tenant is None:
-            return
-        rule = self._rules.get(principal.tenant)
-        if rule is None or not rule.permits(alias):
+        if not self.may_use(principal, alias):
             raise PermissionDeniedError(
                 f"Tenant '{principal.tenant}' is not allowed to use model '{alias}'.",
                 param="model",
                 code="model_not_allowed",
             )
+
+    def may_use(self, principal: Principal, alias: str) -> bool:
+        """Whether ``authorize_model`` would let ``principal`` use ``alias``."""
+        if principal.tenant is None:
+            return True
+        rule = self._rules.get(principal.tenant)
+        return rule is not None and rule.permits(alias)
 
     def require_admin(self, principal: Principal) -> None:
         """``PermissionDeniedError`` (403) unless the caller presented the admin key."""

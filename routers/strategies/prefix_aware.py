@@ -16,8 +16,13 @@ class PrefixAware:
     """For local targets::
 
         score = w_prefix * prefix_blocks / len(req.prefix_hashes)
-              + w_queue  * (1 - waiting / (max waiting among local candidates + 1))
+              + w_queue  * (1 - load / (max load among local candidates + 1))
               + w_kv     * (1 - kv_usage)
+
+    ``load`` is the replica's running + waiting requests (or the gateway's own in-flight
+    count when that is higher: it is fresher than the last metrics poll). llm-d scores the
+    waiting queue alone, which suits GPU replicas whose batches absorb more requests at
+    little cost; a CPU replica slows down with every running sequence, so running counts.
 
     Anti-hot-spot: a replica whose ``in_flight`` exceeds ``hot_spot_factor`` x the mean
     in-flight of the local candidates + 1 loses its prefix term, so a popular prefix spreads
@@ -42,12 +47,12 @@ class PrefixAware:
     ) -> list[Ranked]:
         local = [t for t in candidates if t.local]
         healths = [health.health(t.label) for t in local]
-        max_waiting = max((h.waiting for h in healths), default=0)
+        max_load = max((_load(h) for h in healths), default=0)
         mean_in_flight = sum(h.in_flight for h in healths) / len(healths) if healths else 0.0
         hot_limit = self.config.hot_spot_factor * mean_in_flight + 1
         scored = []
         for target, h in zip(local, healths, strict=True):
-            score, reason = self._score(req, h, max_waiting, h.in_flight > hot_limit)
+            score, reason = self._score(req, h, max_load, h.in_flight > hot_limit)
             scored.append((score, rng.random(), target, reason))
         scored.sort(key=lambda item: (-item[0], item[1]))
         ranked = [Ranked(t, reason) for _, _, t, reason in scored]
@@ -57,17 +62,22 @@ class PrefixAware:
         return ranked
 
     def _score(
-        self, req: RouteRequest, h: TargetHealth, max_waiting: int, hot: bool
+        self, req: RouteRequest, h: TargetHealth, max_load: int, hot: bool
     ) -> tuple[float, str]:
         c = self.config
         blocks = len(req.prefix_hashes)
         matched = min(h.prefix_blocks, blocks)
         share = matched / blocks if blocks else 0.0
         prefix = 0.0 if hot else c.w_prefix * share
-        queue = c.w_queue * (1.0 - h.waiting / (max_waiting + 1))
+        load = _load(h)
+        queue = c.w_queue * (1.0 - load / (max_load + 1))
         kv = c.w_kv * (1.0 - h.kv_usage)
         score = prefix + queue + kv
-        detail = f"prefix {matched}/{blocks} blocks, {h.waiting} waiting, kv {h.kv_usage:.0%}"
+        detail = f"prefix {matched}/{blocks} blocks, load {load}, kv {h.kv_usage:.0%}"
         if hot:
             detail += f", hot spot ({h.in_flight} in flight): prefix bonus dropped"
         return score, f"prefix_aware: score {score:.2f} ({detail})"
+
+
+def _load(h: TargetHealth) -> int:
+    return max(h.running + h.waiting, h.in_flight)

@@ -227,3 +227,14 @@ def test_usage_export_is_scoped_to_the_callers_tenant(world: World) -> None:
                            headers={"authorization": f"Bearer {world.acme_key}"})
     assert_auth_error(admin_only, 403)
     assert httpx.get(world.gateway.url + "/v1/usage").status_code == 401
+
+
+def test_models_list_needs_credentials_and_shows_the_tenants_aliases(world: World) -> None:
+    url = world.gateway.base_url + "/models"
+    assert_auth_error(httpx.get(url))
+    acme = httpx.get(url, headers={"authorization": f"Bearer {world.acme_key}"}).json()
+    assert [m["id"] for m in acme["data"]] == ["chat"]
+    globex = httpx.get(url, headers={"authorization": f"Bearer {world.globex_key}"}).json()
+    assert [m["id"] for m in globex["data"]] == ["chat", "json"]
+    hidden = httpx.get(url + "/json", headers={"authorization": f"Bearer {world.acme_key}"})
+    assert hidden.status_code == 404

@@ -285,8 +285,8 @@ def test_prefix_aware_prefers_the_replica_holding_the_prefix():
                   target("r3", local=True)]
     ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
     assert names(ranked) == ["r2", "r1", "r3", "cloud"]
-    # r2: 3 * 3/4 + 2 * (1 - 0/5) + 2 * 1 = 6.25
-    assert ranked[0].reason == "prefix_aware: score 6.25 (prefix 3/4 blocks, 0 waiting, kv 0%)"
+    # loads: r1 2, r2 2, r3 4 (4 waiting); r2: 3 * 3/4 + 2 * (1 - 2/5) + 2 * 1 = 5.45
+    assert ranked[0].reason == "prefix_aware: score 5.45 (prefix 3/4 blocks, load 2, kv 0%)"
     assert ranked[3].reason == "prefix_aware: not local, config order"
 
 
@@ -306,6 +306,21 @@ def test_prefix_aware_hot_spot_loses_its_prefix_bonus():
     calmer = Health(hot=TargetHealth(prefix_blocks=2, in_flight=5),
                     warm=TargetHealth(in_flight=1), cold=TargetHealth(in_flight=0))
     assert names(PrefixAware().plan(req, candidates, calmer, random.Random(0)))[0] == "hot"
+
+
+def test_prefix_aware_counts_running_requests_as_load():
+    """A replica busy with running sequences (none waiting) loses to an idle one holding
+    the same prefix share: on CPU every running sequence slows the others."""
+    req = RouteRequest(model="a", prefix_hashes=(1, 2, 3, 4))
+    health = Health(
+        busy=TargetHealth(prefix_blocks=4, running=6),
+        idle=TargetHealth(prefix_blocks=3, running=0),
+    )
+    candidates = [target("busy", local=True), target("idle", local=True)]
+    ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
+    # busy: 3 * 1 + 2 * (1 - 6/7) + 2 = 5.29; idle: 3 * 0.75 + 2 + 2 = 6.25
+    assert names(ranked) == ["idle", "busy"]
+    assert "load 6" in ranked[1].reason
 
 
 def test_prefix_aware_ties_are_spread_and_weights_apply():
