@@ -224,6 +224,10 @@ def _check_references(
             for alias in getattr(tenant, field) or ():
                 if alias not in models:
                     errors.append(f"tenants.{name}.{field}: unknown model alias '{alias}'")
+        for field in ("providers", "deny_providers"):
+            for provider in getattr(tenant, field) or ():
+                if provider not in providers:
+                    errors.append(f"tenants.{name}.{field}: unknown provider '{provider}'")
 
 
 def _check_state(sections: dict[str, Any], errors: list[str]) -> None:

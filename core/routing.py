@@ -26,6 +26,8 @@ class RouteRequest(Struct, frozen=True, kw_only=True):
     slo_ttft_ms: float | None = None
     slo_total_ms: float | None = None
     local_only: bool = False
+    providers: tuple[str, ...] | None = None  # the tenant's provider allow-list (None: all)
+    deny_providers: tuple[str, ...] = ()
     prefix_hashes: tuple[int, ...] = ()
 
     @property

@@ -112,6 +112,8 @@ class Scope:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             local_only=tenant.local_only if tenant is not None else False,
+            providers=tuple(tenant.providers) if tenant and tenant.providers is not None else None,
+            deny_providers=tuple(tenant.deny_providers) if tenant is not None else (),
         )
         self._candidates = (capable, skipped, None)
         return self._plan(capable, skipped, None)

@@ -71,5 +71,7 @@ def route_request(
         slo_ttft_ms=slo,
         slo_total_ms=model.slo_total_ms,
         local_only=tenant.local_only if tenant is not None else False,
+        providers=tuple(tenant.providers) if tenant and tenant.providers is not None else None,
+        deny_providers=tuple(tenant.deny_providers) if tenant is not None else (),
         prefix_hashes=prefix_hashes(prompt_text(req)) if with_prefix else (),
     )

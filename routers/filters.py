@@ -66,6 +66,22 @@ def filter_local(targets: Sequence[Target]) -> tuple[list[Target], list[Skipped]
     return kept, skipped
 
 
+def filter_tenant(
+    allow: Sequence[str] | None, deny: Sequence[str], targets: Sequence[Target]
+) -> tuple[list[Target], list[Skipped]]:
+    """The tenant's provider allow- and deny-lists (deny wins). Like residency, this runs on
+    the whole candidate list, so fallback never reaches a provider the tenant may not use."""
+    kept: list[Target] = []
+    skipped: list[Skipped] = []
+    for target in targets:
+        name = target.provider_name
+        if name in deny or (allow is not None and name not in allow):
+            skipped.append(Skipped(target.label, "provider not allowed for this tenant"))
+        else:
+            kept.append(target)
+    return kept, skipped
+
+
 def filter_context(
     prompt_tokens: int, output_tokens: int, targets: Sequence[Target]
 ) -> tuple[list[Target], list[Skipped]]:

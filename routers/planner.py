@@ -1,8 +1,8 @@
 """The planner: filters first, then the alias's strategy. Pure and synchronous.
 
 Filter order matters and is fixed:
-1. data residency (``req.local_only``) on the whole candidate list, so no later step and no
-   fallback can reach a non-local target;
+1. data residency (``req.local_only``) and the tenant's provider allow/deny lists, on the
+   whole candidate list, so no later step and no fallback can reach a target they exclude;
 2. capabilities (400 when no target can express the request);
 3. context window (400 ``context_length_exceeded`` when no target fits);
 4. health: open breakers ("circuit open") and saturated local replicas ("saturated", also
@@ -20,7 +20,13 @@ from msgspec import Struct, field
 
 from core.routing import HealthView, RouteRequest
 from core.wire import ChatRequest
-from routers.filters import filter_capable, filter_context, filter_health, filter_local
+from routers.filters import (
+    filter_capable,
+    filter_context,
+    filter_health,
+    filter_local,
+    filter_tenant,
+)
 from routers.strategies.base import Strategy
 from routers.targets import Skipped, Target
 
@@ -54,6 +60,9 @@ def plan_route(
     kept = list(targets)
     if req.local_only:
         kept, dropped = filter_local(kept)
+        skipped += dropped
+    if req.providers is not None or req.deny_providers:
+        kept, dropped = filter_tenant(req.providers, req.deny_providers, kept)
         skipped += dropped
     if needs is not None:
         kept, dropped = filter_capable(needs, kept)

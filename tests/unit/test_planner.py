@@ -137,11 +137,14 @@ specs = st.lists(
 
 
 @given(specs, st.booleans(), st.integers(0, 10_000), st.integers(0, 2**32),
-       st.sampled_from([PriorityStrategy(), WeightedStrategy(), LowestCostStrategy()]))
-def test_plan_invariants(specs, local_only, prompt_tokens, seed, strategy_config):
+       st.sampled_from([PriorityStrategy(), WeightedStrategy(), LowestCostStrategy()]),
+       st.frozensets(st.integers(0, 7)))
+def test_plan_invariants(specs, local_only, prompt_tokens, seed, strategy_config, denied):
     """Every plan is an ordering of a subset of the candidates (no duplicates, no
     outsiders); every candidate is either planned or skipped; a local_only request never
-    gets a non-local target; filtered targets never appear."""
+    gets a non-local target, nor any request a provider its tenant denies; filtered
+    targets never appear."""
+    deny = tuple(f"t{i}" for i in denied)
     targets = [
         Target(alias="a", provider_name=f"t{i}", model="m", provider=Provider(f"t{i}"),
                timeouts=Timeouts(), local=local, max_context=ctx, weight=w)
@@ -150,12 +153,13 @@ def test_plan_invariants(specs, local_only, prompt_tokens, seed, strategy_config
     health = Health(**{f"t{i}": TargetHealth(breaker=b, saturated=s)
                        for i, (_, _, b, s, _) in enumerate(specs)})
     req = RouteRequest(model="a", prompt_tokens=prompt_tokens, max_tokens=100,
-                       local_only=local_only)
+                       local_only=local_only, deny_providers=deny)
     try:
         result = plan_route(req, targets, health, build_strategy(strategy_config),
                             random.Random(seed))
     except ContextLengthError:
         fitting = [t for t in targets if (t.local or not local_only)
+                   and t.provider_name not in deny
                    and (t.max_context is None or t.max_context >= prompt_tokens + 100)]
         assert fitting == []
         return
@@ -170,5 +174,18 @@ def test_plan_invariants(specs, local_only, prompt_tokens, seed, strategy_config
         assert h.breaker != "open" and not h.saturated
         assert t.max_context is None or t.max_context >= prompt_tokens + 100
         assert t.local or not local_only
+        assert t.provider_name not in deny
     assert set(result.reasons) == set(planned)
     assert {t.label for t in result.saturated} <= skipped
+
+
+def test_tenant_provider_lists_filter_the_whole_plan():
+    targets = [target("cloud"), target("other"), target("local", local=True)]
+    allowed = plan(RouteRequest(model="a", providers=("cloud", "local")), targets)
+    assert [t.provider_name for t in allowed.ordered] == ["cloud", "local"]
+    assert [(s.label, s.reason) for s in allowed.skipped] == [
+        ("other/m", "provider not allowed for this tenant")
+    ]
+    denied = plan(RouteRequest(model="a", providers=("cloud", "local"), deny_providers=("cloud",)),
+                  targets)
+    assert [t.provider_name for t in denied.ordered] == ["local"]
