@@ -15,14 +15,16 @@ from routers.targets import Target
 class PrefixAware:
     """For local targets::
 
-        score = w_prefix * prefix_blocks / len(req.prefix_hashes)
+        score = w_prefix * saved
               + w_queue  * (1 - load / (max load among local candidates + 1))
               + w_kv     * (1 - kv_usage)
 
-    ``load`` is the replica's running + waiting requests (or the gateway's own in-flight
-    count when that is higher: it is fresher than the last metrics poll). llm-d scores the
-    waiting queue alone, which suits GPU replicas whose batches absorb more requests at
-    little cost; a CPU replica slows down with every running sequence, so running counts.
+    ``saved`` is the share of the avoidable prefill this replica saves: (its matched
+    blocks - the fewest any replica matched) / (the prompt's blocks - that fewest), with
+    the denominator at least half the prompt so a difference of a block or two is not worth
+    a full bonus. Scoring the matched share of the whole prompt instead (llm-d's form)
+    hardly separates replicas when all of them hold a long shared system prompt, although
+    the one that also holds the conversation saves most of the remaining prefill.
 
     Anti-hot-spot: a replica whose ``in_flight`` exceeds ``hot_spot_factor`` x the mean
     in-flight of the local candidates + 1 loses its prefix term, so a popular prefix spreads
@@ -48,11 +50,13 @@ class PrefixAware:
         local = [t for t in candidates if t.local]
         healths = [health.health(t.label) for t in local]
         max_load = max((_load(h) for h in healths), default=0)
+        blocks = len(req.prefix_hashes)
+        fewest = min((min(h.prefix_blocks, blocks) for h in healths), default=0)
         mean_in_flight = sum(h.in_flight for h in healths) / len(healths) if healths else 0.0
         hot_limit = self.config.hot_spot_factor * mean_in_flight + 1
         scored = []
         for target, h in zip(local, healths, strict=True):
-            score, reason = self._score(req, h, max_load, h.in_flight > hot_limit)
+            score, reason = self._score(req, h, (max_load, fewest), h.in_flight > hot_limit)
             scored.append((score, rng.random(), target, reason))
         scored.sort(key=lambda item: (-item[0], item[1]))
         ranked = [Ranked(t, reason) for _, _, t, reason in scored]
@@ -62,13 +66,16 @@ class PrefixAware:
         return ranked
 
     def _score(
-        self, req: RouteRequest, h: TargetHealth, max_load: int, hot: bool
+        self, req: RouteRequest, h: TargetHealth, worst: tuple[int, int], hot: bool
     ) -> tuple[float, str]:
+        """``worst``: the highest load and the fewest matched blocks among the replicas."""
         c = self.config
+        max_load, fewest = worst
         blocks = len(req.prefix_hashes)
         matched = min(h.prefix_blocks, blocks)
-        share = matched / blocks if blocks else 0.0
-        prefix = 0.0 if hot else c.w_prefix * share
+        avoidable = max(blocks - fewest, blocks / 2)
+        saved = (matched - fewest) / avoidable if avoidable else 0.0
+        prefix = 0.0 if hot else c.w_prefix * saved
         load = _load(h)
         queue = c.w_queue * (1.0 - load / (max_load + 1))
         kv = c.w_kv * (1.0 - h.kv_usage)

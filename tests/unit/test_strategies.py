@@ -318,9 +318,26 @@ def test_prefix_aware_counts_running_requests_as_load():
     )
     candidates = [target("busy", local=True), target("idle", local=True)]
     ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
-    # busy: 3 * 1 + 2 * (1 - 6/7) + 2 = 5.29; idle: 3 * 0.75 + 2 + 2 = 6.25
+    # fewest matched 3, avoidable max(4 - 3, 4 / 2) = 2 blocks:
+    # busy: 3 * (1/2) + 2 * (1 - 6/7) + 2 = 3.79; idle: 3 * 0 + 2 + 2 = 4.0
     assert names(ranked) == ["idle", "busy"]
     assert "load 6" in ranked[1].reason
+
+
+def test_prefix_aware_scores_the_prefill_saved_beyond_a_shared_system_prompt():
+    """Both replicas hold the long shared system prompt (55 of 89 blocks); one also holds
+    this user's conversation (73). Saving those 18 blocks outweighs one more request in
+    flight there, although the matched shares (0.82 vs 0.62) look close."""
+    req = RouteRequest(model="a", prefix_hashes=tuple(range(89)))
+    health = Health(
+        holder=TargetHealth(prefix_blocks=73, running=2),
+        other=TargetHealth(prefix_blocks=55, running=1),
+    )
+    candidates = [target("other", local=True), target("holder", local=True)]
+    ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
+    # holder: 3 * 18/44.5 + 2 * (1 - 2/3) + 2 = 3.88; other: 0 + 2 * (1 - 1/3) + 2 = 3.33
+    assert names(ranked) == ["holder", "other"]
+    assert ranked[0].reason.startswith("prefix_aware: score 3.88 (prefix 73/89 blocks, load 2")
 
 
 def test_prefix_aware_ties_are_spread_and_weights_apply():
