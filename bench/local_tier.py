@@ -9,6 +9,7 @@ the ``local_tier`` package with this file)::
                                                    # an already running server (@PID: RSS too)
 
 Options: ``--quick`` (fewer repetitions, for a smoke run), ``--json PATH`` (raw figures),
+``--phases c8,c32`` (only those measurements),
 ``--max-seconds`` (per target, default 900). Each phase gets a share of it (``SHARES``); a phase
 cut off keeps what it measured (the concurrency phases count the tokens streamed so far, and
 ``completed_at_N`` says how many of the 2N requests finished), so a run stops by itself.
@@ -161,8 +162,11 @@ async def sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
 SHARES = {"ttft": 0.2, "decode": 0.15, "c8": 0.2, "c32": 0.25, "prefix": 0.2}
 
 
-async def run_target(t: Target, quick: bool, max_seconds: float) -> None:
-    """All measurements for one target, each phase within its share of ``max_seconds``."""
+async def run_target(
+    t: Target, quick: bool, max_seconds: float, only: frozenset[str] = frozenset(SHARES)
+) -> None:
+    """The measurements named in ``only`` (default all) for one target, each phase within its
+    share of ``max_seconds``."""
     peak, stop = [0], asyncio.Event()
     limits = httpx.Limits(max_connections=64)
     t.figures["host_load_1m_before"] = os.getloadavg()[0]  # other work on the same cores
@@ -181,6 +185,8 @@ async def run_target(t: Target, quick: bool, max_seconds: float) -> None:
             "c32": measure_concurrent(client, t, p, 32, budget["c32"]),
             "prefix": measure_prefix(client, t, p, 1 if quick else 3),
         }
+        for name in set(phases) - only:
+            phases.pop(name).close()
         try:
             for name, phase in phases.items():
                 try:
@@ -247,7 +253,7 @@ def parse_target(spec: str) -> Target:
 
 async def _bench(targets: list[Target], args: argparse.Namespace) -> None:
     for t in targets:
-        await run_target(t, args.quick, args.max_seconds)
+        await run_target(t, args.quick, args.max_seconds, args.phases)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,6 +264,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--max-seconds", type=float, default=900.0, help="per target")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--phases", default=",".join(SHARES), help=f"comma list of {','.join(SHARES)}",
+        type=lambda s: frozenset(s.split(",")),
+    )
     args = ap.parse_args(argv)
     targets = [parse_target(s) for s in args.target]
     kinds = [k for k in ("vllm", "jax") if getattr(args, k)]

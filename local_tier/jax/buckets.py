@@ -9,6 +9,7 @@ shapes, fewer compiles met for the first time while serving.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -19,6 +20,18 @@ def _pow2_upto(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
         v *= factor
     out.append(hi)
     return tuple(sorted(set(out)))
+
+
+def _with_midpoints(values: tuple[int, ...], lo: int, step: int) -> tuple[int, ...]:
+    """``values`` plus the 1.5x midpoint of each pair of neighbours >= ``lo`` (kept to
+    multiples of ``step``): decode cost follows the padded context, and a context of 130
+    padded to 256 costs 1.7x one padded to 192 at batch 32."""
+    mids = {
+        a + a // 2
+        for a, b in itertools.pairwise(values)
+        if a >= lo and b == 2 * a and (a // 2) % step == 0
+    }
+    return tuple(sorted({*values, *mids}))
 
 
 def round_up(value: int, buckets: tuple[int, ...]) -> int:
@@ -52,15 +65,21 @@ class Buckets:
         min_decode_batch: int = 1,
         block_size: int = 16,
     ) -> Buckets:
-        """Decode batch ``min_decode_batch..max_batch`` and contexts ``64..max_model_len``
-        in powers of two; prefill chunks ``32..chunk`` with up to 8 rows and prefill contexts
+        """Decode batch ``min_decode_batch..max_batch`` in powers of two; decode contexts
+        ``64..max_model_len`` in powers of two plus the 1.5x steps from 128 on (192, 384, ...);
+        prefill chunks ``32..chunk`` with up to 8 rows and prefill contexts
         ``256..max_model_len`` in powers of four (0 = no context)."""
         lo_ctx = max(64, block_size)
         return cls(
             decode_batch=_pow2_upto(min(min_decode_batch, max_batch), max_batch),
             prefill_rows=_pow2_upto(1, min(8, max_batch)),
             prefill_len=_pow2_upto(min(32, chunk), chunk, 4),
-            context=(0, *_pow2_upto(min(lo_ctx, max_model_len), max_model_len)),
+            context=(
+                0,
+                *_with_midpoints(
+                    _pow2_upto(min(lo_ctx, max_model_len), max_model_len), 128, block_size
+                ),
+            ),
             prefill_context=(0, *_pow2_upto(min(4 * lo_ctx, max_model_len), max_model_len, 4)),
         )
 

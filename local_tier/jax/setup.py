@@ -111,12 +111,16 @@ def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
 
 def warmup_shapes(buckets: Buckets, config: EngineConfig) -> list[tuple[int, int, int]]:
     """The shapes worth compiling before serving: decode for every batch bucket at short
-    contexts (<= 256), and single-prompt prefill chunks without context."""
+    contexts (<= 256), single-prompt prefill chunks without context, and the shortest chunk
+    after a context of up to 1024 tokens: the step a prefix-cache hit runs (compiling it on
+    first use cost that request seconds of TTFT)."""
     del config
     ctx = [p for p in buckets.context if 0 < p <= 256]
     decode = [(b, 1, p) for b in buckets.decode_batch for p in ctx]
     prefill = [(1, t, 0) for t in buckets.prefill_len]
-    return prefill + decode
+    t_min = buckets.prefill_len[0]
+    hits = [(1, t_min, p) for p in buckets.prefill_ctx if 0 < p <= 1024]
+    return prefill + hits + decode
 
 
 __all__ = ["EngineRequestError", "Loaded", "check_config", "load_engine_parts", "warmup_shapes"]

@@ -156,3 +156,14 @@ def test_buckets_round_up_and_override() -> None:
     assert b.prefill_len == (32, 128, 512) and b.prefill_ctx == (0, 256, 1024, 2048)
     o = b.override(decode_batch=(32,), context=(2048,))
     assert o.decode_batch == (32,) and o.context == o.prefill_ctx == (0, 2048)
+
+
+def test_decode_contexts_add_one_and_a_half_steps() -> None:
+    """Decode cost follows the padded context, so 129..192 pads to 192, not 256."""
+    b = Buckets.build(32, 2048, 512, block_size=16)
+    assert b.context == (0, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+    assert round_up(130, b.context) == 192 and round_up(200, b.context) == 256
+    assert all(p % 16 == 0 for p in b.context)
+    assert b.prefill_ctx == (0, 256, 1024, 2048)  # prefill keeps its coarse steps
+    small = Buckets.build(4, 256, 32, block_size=16)
+    assert small.context == (0, 64, 128, 192, 256)
