@@ -55,3 +55,44 @@ def test_unknown_arguments_are_rejected():
     with pytest.raises(SystemExit) as info:
         main(["check-config", "a.yaml", "--bogus"])
     assert info.value.code == 2
+
+
+ROUTE_POLICY = """
+providers:
+  cheap: {type: openai, base_url: "http://127.0.0.1:9/v1"}
+  premium: {type: openai, base_url: "http://127.0.0.1:9/v1"}
+  onprem: {type: vllm, base_url: "http://127.0.0.1:9/v1"}
+tenants:
+  clinic: {local_only: true}
+models:
+  m:
+    strategy: {type: lowest_cost}
+    targets:
+      - {provider: premium, model: big, price: {input_per_mtok: 3, output_per_mtok: 15}}
+      - {provider: cheap, model: small, price: {input_per_mtok: 0.1, output_per_mtok: 0.4}}
+      - {provider: onprem, model: local, max_context: 1000}
+"""
+
+
+def test_route_explain_prints_the_ordered_plan_with_reasons(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(ROUTE_POLICY)
+    assert main(["route", "explain", "--config", str(path), "--model", "m",
+                 "--prompt-tokens", "2000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "model m (strategy LowestCostStrategy):"
+    assert lines[1].startswith("  1. cheap/small: lowest_cost")
+    assert lines[2].startswith("  2. premium/big: lowest_cost")
+    assert lines[3].startswith("  -  onprem/local: skipped (context 1000 < ")
+
+
+def test_route_explain_applies_the_tenants_residency(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(ROUTE_POLICY)
+    assert main(["route", "explain", "--config", str(path), "--model", "m",
+                 "--tenant", "clinic", "--prompt-tokens", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "  1. onprem/local:" in out
+    assert "cheap/small: skipped (not local (data residency))" in out
+    assert main(["route", "explain", "--config", str(path), "--model", "m",
+                 "--tenant", "nobody"]) == 1
