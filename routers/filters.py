@@ -101,7 +101,8 @@ def filter_context(
         raise ContextLengthError(
             f"This request needs about {need} tokens ({prompt_tokens} in the prompt, "
             f"{output_tokens} to generate); the largest context available is {largest}.",
-            param="messages",
+            # The prompt alone would fit: it is the requested output that does not.
+            param="max_tokens" if output_tokens and prompt_tokens <= largest else "messages",
         )
     return kept, skipped
 

@@ -67,7 +67,8 @@ def plan_route(
     if needs is not None:
         kept, dropped = filter_capable(needs, kept)
         skipped += dropped
-    kept, dropped = filter_context(req.prompt_tokens, req.output_tokens, kept)
+    # Only an explicit max_tokens counts here: without one, upstreams stop at their limit.
+    kept, dropped = filter_context(req.prompt_tokens, req.max_tokens or 0, kept)
     skipped += dropped
     kept, dropped, saturated = filter_health(kept, health)
     skipped += dropped

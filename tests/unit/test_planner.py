@@ -99,6 +99,13 @@ def test_context_window_skip_and_400_when_nothing_fits():
     with pytest.raises(ContextLengthError) as info:
         plan(req, [target("small", max_context=4096), target("mid", max_context=7999)])
     assert info.value.code == "context_length_exceeded" and "7999" in info.value.message
+    assert info.value.param == "max_tokens"  # the prompt alone would fit in 7999
+    with pytest.raises(ContextLengthError) as info:
+        plan(RouteRequest(model="a", prompt_tokens=9000), [target("mid", max_context=7999)])
+    assert info.value.param == "messages"
+    # without max_tokens only the prompt must fit: the upstream stops at its limit
+    unbounded = plan(RouteRequest(model="a", prompt_tokens=4000), [target("small", max_context=4096)])
+    assert names(unbounded.ordered) == ["small"]
 
 
 def test_open_breakers_and_saturated_replicas_are_skipped():
