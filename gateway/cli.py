@@ -10,12 +10,7 @@ from collections.abc import Sequence
 
 from core.config import ConfigError, load_config
 from gateway import __version__, cli_keys, cli_route, cli_usage
-
-DEFAULT_CONFIG = "config.yaml"
-
-
-def _config_path(value: str | None) -> str:
-    return value or os.environ.get("SWITCHYARD_CONFIG") or DEFAULT_CONFIG
+from gateway.cli_common import CONFIG_HELP, config_path
 
 
 def _progress(message: str) -> None:
@@ -34,7 +29,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.observe import configure_logging
 
-    path = _config_path(args.config)
+    path = config_path(args.config)
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -66,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    path = _config_path(args.path)
+    path = config_path(args.path)
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -95,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", help="policy file (default $SWITCHYARD_CONFIG or ./config.yaml)")
+    serve.add_argument("--config", help=CONFIG_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     check = commands.add_parser("check-config", help="validate a policy file")
@@ -124,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "usage":
         return cli_usage.run(args)
     if args.command == "route":
-        return cli_route.run(args, _config_path(args.config))
+        return cli_route.run(args, config_path(args.config))
     return cmd_check_config(args)
 
 

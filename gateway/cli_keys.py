@@ -8,23 +8,14 @@ key. Running gateways pick up a change within about a second (they re-check the 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from core.config import Config, ConfigError, load_config, relative_to_config
+from gateway.cli_common import CONFIG_HELP, config_path
 from policies.auth.keys import KeyRecord, KeysFile, KeysFileError
-
-_CONFIG_HELP = "policy file (default $SWITCHYARD_CONFIG or ./config.yaml)"
-
-
-def config_path(value: str | None) -> str:
-    """``--config``, else ``$SWITCHYARD_CONFIG``, else ``config.yaml``: the same default as
-    ``gateway.cli._config_path``. Not imported from there: ``gateway.cli`` imports this
-    module (a cycle), and it pulls in the whole runtime, which key management never needs."""
-    return value or os.environ.get("SWITCHYARD_CONFIG") or "config.yaml"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,13 +28,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     create = commands.add_parser("create", help="create a key for a tenant (printed once)")
     create.add_argument("--tenant", required=True, help="a tenant named in the policy file")
     create.add_argument("--name", default="default", help="a label, e.g. who holds the key")
-    create.add_argument("--config", help=_CONFIG_HELP)
+    create.add_argument("--config", help=CONFIG_HELP)
     revoke = commands.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
-    revoke.add_argument("--config", help=_CONFIG_HELP)
+    revoke.add_argument("--config", help=CONFIG_HELP)
     listing = commands.add_parser("list", help="list keys (ids and labels, never secrets)")
     listing.add_argument("--tenant", help="only this tenant's keys")
-    listing.add_argument("--config", help=_CONFIG_HELP)
+    listing.add_argument("--config", help=CONFIG_HELP)
     return keys
 
 

@@ -27,11 +27,11 @@ from typing import IO, Any
 from core.config import Config, ConfigError, load_config
 from core.errors import InvalidRequestError
 from core.tenancy import UsageRow
+from gateway.cli_common import CONFIG_HELP, config_path
 from policies.ledger import Ledger, ledger_backend, open_ledger, sqlite_path
 from policies.ledger.export import FORMATS, GROUP_BYS, ExportQuery, export_lines, parse_query
 from policies.store.base import StoreUnavailableError
 
-_CONFIG_HELP = "policy file (default $SWITCHYARD_CONFIG or ./config.yaml)"
 _TIME_HELP = "ISO date or datetime (UTC), or Unix seconds"
 
 
@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     export.add_argument("--format", dest="fmt", choices=FORMATS, default="jsonl")
     export.add_argument("--group-by", dest="group_by", choices=GROUP_BYS)
     export.add_argument("--out", required=True, help="output file ('-' for stdout)")
-    export.add_argument("--config", help=_CONFIG_HELP)
+    export.add_argument("--config", help=CONFIG_HELP)
     return usage
 
 
@@ -140,7 +140,7 @@ async def _export(config: Config, query: ExportQuery, out: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``usage export``; 0 on success, 1 with a message on stderr."""
-    path = args.config or os.environ.get("SWITCHYARD_CONFIG") or "config.yaml"
+    path = config_path(args.config)
     try:
         config = load_config(path)
         query = parse_query(
