@@ -4,7 +4,8 @@ The workload: ``--users`` conversations, all opening with one long shared system
 (``--system-words``, ~1,000+ tokens), each ``--turns`` turns long; every turn appends a new
 user message (``--user-words``) and the previous answer, so a conversation's prompt grows and
 its earlier turns are a prefix of its next one. Users run concurrently (at most
-``--concurrency`` requests in flight), turns of one user one after another. Every request is
+``--concurrency`` requests in flight), turns of one user one after another with a random
+pause between them (``--think-s``, exponential), as people read and type. Every request is
 streamed (temperature 0, ``ignore_eos`` so answers have ``--max-tokens`` tokens).
 
 Figures per run: prefix-cache hit rate from the workers' ``/metrics`` deltas
@@ -129,6 +130,11 @@ async def run_user(
     rng = random.Random(user * 7919 + args.seed)
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     for number in range(args.turns):
+        if number and args.think_s > 0:
+            # Users read and type between turns: random think times shuffle the order in
+            # which turns arrive. Without them, every user's turns come a fixed number of
+            # requests apart and round robin sends each user to the same replica every time.
+            await asyncio.sleep(rng.expovariate(1.0 / args.think_s))
         if time.monotonic() >= stop_at:
             return
         messages.append({"role": "user", "content": f"User {user}, question {number}: "
@@ -358,6 +364,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--system-words", type=int, default=800, help="~1.3 tokens per word")
     ap.add_argument("--user-words", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--think-s", type=float, default=2.0, help="mean pause between turns")
     ap.add_argument("--max-seconds", type=float, default=300.0, help="per run")
     ap.add_argument("--grace-seconds", type=float, default=60.0)
     ap.add_argument("--max-model-len", type=int, default=2048, help="--spawn workers")
