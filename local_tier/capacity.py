@@ -18,10 +18,10 @@ How the numbers are made:
   admission queue's ``notify``).
 - Pages are cut to the few series used before parsing: a vLLM page has ~600 lines and costs
   ~8 ms to parse whole, the cut page ~0.5 ms, which matters at 10 polls/s per replica.
-- Between polls the gateway's own traffic moves the snapshot: ``sent``/``done`` (or the
-  executor's ``attempt_started``/``attempt_finished``: one pair, not both) count requests
-  and prompt tokens in flight; ``saturation.estimate`` applies the change since the poll to
-  running/waiting (a burst fills the batch on paper and trips ``max_waiting`` before the
+- Between polls the gateway's own traffic moves the snapshot: ``sent``/``done`` count
+  requests and prompt tokens in flight (from an attempt's start to the end of the request:
+  a stream keeps the replica busy after its first chunk); ``saturation.estimate``
+  applies the change since the poll to running/waiting (a burst fills the batch on paper and trips ``max_waiting`` before the
   next poll), and new prompt tokens add to KV use when ``vllm:cache_config_info`` gives the
   pool's size.
 - TTFT: an EWMA of the replica's mean TTFT per poll (deltas of the
@@ -43,7 +43,6 @@ from dataclasses import dataclass
 
 import httpx
 import msgspec
-from prometheus_client.parser import text_string_to_metric_families
 
 from core.clock import Clock
 from core.config import VllmProviderConfig
@@ -52,15 +51,11 @@ from core.routing import UNKNOWN, TargetHealth
 from local_tier.prefix_index import PrefixIndex
 from local_tier.saturation import ReplicaSignals, SaturationRule, estimate
 from local_tier.vllm import metrics as vm
+from local_tier.vllm.metrics import split_page, ttft_totals
 
 _log = logging.getLogger("switchyard.capacity")
 Sleep = Callable[[float], Awaitable[None]]
 
-TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
-TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-_SNAPSHOT_NAMES = frozenset(
-    (*vm.RUNNING, *vm.WAITING, *vm.KV_USAGE, *vm.PREFIX_QUERIES, *vm.PREFIX_HITS, vm.CACHE_CONFIG)
-)
 _DEFAULT_SATURATION = SaturationConfig()
 
 
@@ -85,36 +80,6 @@ class ReplicaSpec:
     @classmethod
     def from_provider(cls, config: VllmProviderConfig, slots: int | None = None) -> ReplicaSpec:
         return cls(metrics_url(config), config.saturation, slots)
-
-
-def split_page(text: str) -> tuple[str, str]:
-    """(the lines ``parse_metrics`` needs, the TTFT sum/count lines), comments dropped."""
-    keep: list[str] = []
-    ttft: list[str] = []
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        brace, space = line.find("{"), line.find(" ")
-        cut = min(i for i in (brace, space, len(line)) if i >= 0)
-        name = line[:cut]
-        if name in _SNAPSHOT_NAMES:
-            keep.append(line)
-        elif name in (TTFT_SUM, TTFT_COUNT):
-            ttft.append(line)
-    return "\n".join(keep) + "\n", "\n".join(ttft) + "\n"
-
-
-def ttft_totals(lines: str) -> tuple[float, float] | None:
-    """(sum, count) of the TTFT histogram over all label sets; ``None`` when absent."""
-    totals = {TTFT_SUM: 0.0, TTFT_COUNT: 0.0}
-    seen = False
-    with contextlib.suppress(ValueError):
-        for family in text_string_to_metric_families(lines):
-            for sample in family.samples:
-                if sample.name in totals:
-                    totals[sample.name] += sample.value
-                    seen = True
-    return (totals[TTFT_SUM], totals[TTFT_COUNT]) if seen else None
 
 
 @dataclass
@@ -328,17 +293,6 @@ class CapacityMonitor:
         replica = self._replicas.get(label)
         if replica is not None and seconds >= 0:
             self._blend_ttft(replica, seconds)
-
-    # AttemptObserver (core.routing), so the executor can report calls directly.
-    def attempt_started(self, label: str) -> None:
-        self.sent(label)
-
-    def attempt_finished(
-        self, label: str, *, error: str | None, ttft_s: float | None, retryable: bool
-    ) -> None:
-        self.done(label)
-        if error is None and ttft_s is not None:
-            self.observe_ttft(label, ttft_s)
 
     # ------------------------------------------------------------------ answers
     def _signals(self, replica: _Replica) -> ReplicaSignals:

@@ -19,6 +19,7 @@ GPU pool on an older vLLM still reports. The JAX engine exports the same names.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -159,3 +160,42 @@ async def afetch_metrics(
     except httpx.HTTPError as exc:
         raise MetricsError(f"GET {base_url}/metrics failed: {exc!r}") from exc
     return parse_metrics(_page(response), read_at=clock.now())
+
+
+# ---- cutting a page down before parsing (a poller reads it 10 times a second)
+
+TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
+TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+_SNAPSHOT_NAMES = frozenset(
+    (*RUNNING, *WAITING, *KV_USAGE, *PREFIX_QUERIES, *PREFIX_HITS, CACHE_CONFIG)
+)
+
+
+def split_page(text: str) -> tuple[str, str]:
+    """(the lines ``parse_metrics`` needs, the TTFT sum/count lines), comments dropped."""
+    keep: list[str] = []
+    ttft: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        brace, space = line.find("{"), line.find(" ")
+        cut = min(i for i in (brace, space, len(line)) if i >= 0)
+        name = line[:cut]
+        if name in _SNAPSHOT_NAMES:
+            keep.append(line)
+        elif name in (TTFT_SUM, TTFT_COUNT):
+            ttft.append(line)
+    return "\n".join(keep) + "\n", "\n".join(ttft) + "\n"
+
+
+def ttft_totals(lines: str) -> tuple[float, float] | None:
+    """(sum, count) of the TTFT histogram over all label sets; ``None`` when absent."""
+    totals = {TTFT_SUM: 0.0, TTFT_COUNT: 0.0}
+    seen = False
+    with contextlib.suppress(ValueError):
+        for family in text_string_to_metric_families(lines):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+                    seen = True
+    return (totals[TTFT_SUM], totals[TTFT_COUNT]) if seen else None

@@ -17,17 +17,19 @@ import pytest
 
 from core.clock import FakeClock
 from core.config import VllmProviderConfig
-from core.config_routing import SaturationConfig
+from core.config_routing import BreakerConfig, SaturationConfig
 from core.routing import UNKNOWN
+from gateway.health import TrackerObserver, Trackers
 from local_tier.capacity import (
     CapacityMonitor,
     ReplicaSpec,
     metrics_url,
-    split_page,
-    ttft_totals,
 )
 from local_tier.prefix_index import PrefixIndex
-from local_tier.vllm.metrics import parse_metrics
+from local_tier.vllm.metrics import parse_metrics, split_page, ttft_totals
+from policies.breaker import SharedBreakers
+from policies.latency import LatencyStats
+from policies.store import MemoryStore
 from tests.fixtures.server import ServerThread
 
 pytestmark = pytest.mark.anyio
@@ -317,17 +319,29 @@ async def test_restart_resets_baselines_and_forgets_prefixes(
     assert monitor.health("w").ttft_s == pytest.approx(3.0)
 
 
-async def test_attempt_observer_interface(metrics: MetricsServer, served: Any, client: Any) -> None:
-    monitor = monitor_for(served[1], client, FakeClock())
+async def test_gateway_observer_holds_a_replica_until_the_request_ends(
+    metrics: MetricsServer, served: Any, client: Any
+) -> None:
+    """The gateway's attempt observer counts a local attempt in flight from its start until
+    it fails or, when it succeeded, until the request ends (a stream keeps the replica busy
+    after its first chunk); only successful attempts teach a TTFT."""
+    clock = FakeClock()
+    monitor = monitor_for(served[1], client, clock)
     await monitor.poll_once()
-    monitor.attempt_started("w")
-    monitor.attempt_started("elsewhere")  # ignored
+    store = MemoryStore(clock)
+    trackers = Trackers(SharedBreakers(BreakerConfig(), store, clock), LatencyStats(clock), monitor)
+    observer = TrackerObserver(trackers)
+    observer.attempt_started("w")
+    observer.attempt_started("elsewhere")  # ignored
     assert monitor.health("w").in_flight == 1
-    monitor.attempt_finished("w", error=None, ttft_s=0.3, retryable=False)
-    assert monitor.health("w").in_flight == 0 and monitor.health("w").ttft_s == 0.3
-    monitor.attempt_started("w")
-    monitor.attempt_finished("w", error="UpstreamTimeoutError", ttft_s=9.0, retryable=False)
+    observer.attempt_finished("w", error=None, ttft_s=0.3, retryable=False)
+    assert monitor.health("w").in_flight == 1 and monitor.health("w").ttft_s == 0.3
+    observer.release()
+    assert monitor.health("w").in_flight == 0
+    observer.attempt_started("w")
+    observer.attempt_finished("w", error="UpstreamTimeoutError", ttft_s=9.0, retryable=False)
     assert monitor.health("w").ttft_s == 0.3  # failed calls teach nothing about TTFT
+    assert monitor.health("w").in_flight == 0
     monitor.done("w")  # more done than sent never goes negative
     assert monitor.health("w").in_flight == 0
 
