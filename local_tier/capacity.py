@@ -21,9 +21,9 @@ How the numbers are made:
 - Between polls the gateway's own traffic moves the snapshot: ``sent``/``done`` count
   requests and prompt tokens in flight (from an attempt's start to the end of the request:
   a stream keeps the replica busy after its first chunk); ``saturation.estimate``
-  applies the change since the poll to running/waiting (a burst fills the batch on paper and trips ``max_waiting`` before the
-  next poll), and new prompt tokens add to KV use when ``vllm:cache_config_info`` gives the
-  pool's size.
+  applies the change since the poll to running/waiting (a burst fills the batch on paper
+  and trips ``max_waiting`` before the next poll), and new prompt tokens add to KV use when
+  ``vllm:cache_config_info`` gives the pool's size.
 - TTFT: an EWMA of the replica's mean TTFT per poll (deltas of the
   ``vllm:time_to_first_token_seconds`` sum and count) and of TTFTs the gateway observes
   (``observe_ttft``). A new request is predicted at ``ttft * (1 + waiting)``: each request
