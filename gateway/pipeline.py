@@ -162,8 +162,7 @@ class Scope:
         health = self.state.trackers.view(self.route)
         strategy = self.runtime.strategies[self.route.model]
         plan = plan_route(self.route, targets, health, strategy, _rng, req)
-        plan.skipped[:0] = skipped
-        self.record.trace = Trace(plan.skipped, plan.reasons)
+        self.record.trace = Trace.from_plan(plan, skipped)
         return plan
 
     async def admit(self, plan: Plan, est_prompt: int, est_output: int) -> None:

@@ -89,24 +89,6 @@ class Trace:
         return "; ".join(parts)
 
 
-class Observers:
-    """Several ``AttemptObserver``s as one (breakers, latency stats, capacity), told in
-    the order given."""
-
-    def __init__(self, *observers: AttemptObserver) -> None:
-        self.observers = observers
-
-    def attempt_started(self, label: str) -> None:
-        for observer in self.observers:
-            observer.attempt_started(label)
-
-    def attempt_finished(
-        self, label: str, *, error: str | None, ttft_s: float | None, retryable: bool
-    ) -> None:
-        for observer in self.observers:
-            observer.attempt_finished(label, error=error, ttft_s=ttft_s, retryable=retryable)
-
-
 class _Hooks:
     """The observer and gate in force for one ``Executor.call``."""
 

@@ -23,7 +23,7 @@ from core.errors import (
     UpstreamTimeoutError,
 )
 from core.protocols import Capabilities, Timeouts
-from routers.executor import Executor, Observers, Trace, close_stream
+from routers.executor import Executor, Trace, close_stream
 from routers.planner import Plan
 from routers.retry_budget import RetryBudget
 from routers.targets import Skipped, Target
@@ -257,13 +257,6 @@ async def test_observer_hears_every_attempt_with_its_outcome_and_time():
         ("start", "a/m"), ("end", "a/m", "UpstreamServerError", None, False),
         ("start", "b/m"), ("end", "b/m", None, 0.25, False),
     ]
-
-
-async def test_observers_fan_out_in_order():
-    first, second = Recorder(), Recorder()
-    both = Observers(first, second)
-    await run(wired(observer=both, clock=FakeClock()), [Scripted("a", ["ok"])])
-    assert first.events == second.events == [("start", "a/m"), ("end", "a/m", None, 0.0, False)]
 
 
 async def test_cancelled_attempt_is_reported_as_cancelled():
