@@ -12,6 +12,7 @@ from typing import Any
 from core.clock import SystemClock
 from core.config import ConfigError, load_config
 from core.routing import UNKNOWN, RouteRequest, TargetHealth
+from gateway.routing_view import tenant_constraints
 from gateway.runtime import Runtime, Stores
 from policies.store import MemoryStore
 from providers.transport import make_client
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace, config_path: str) -> int:
         max_tokens=args.max_tokens,
         slo_ttft_ms=slo,
         slo_total_ms=model.slo_total_ms,
-        local_only=bool(tenant and tenant.local_only),
+        **tenant_constraints(tenant),
     )
     memory = MemoryStore(SystemClock())
     runtime = Runtime(config, make_client(), stores=Stores(shared=memory, local=memory))

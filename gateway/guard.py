@@ -6,7 +6,6 @@ from typing import Any
 
 from litestar import Request
 
-from core.errors import PermissionDeniedError
 from core.tenancy import Principal
 
 
@@ -22,6 +21,5 @@ def require_admin(request: Request[Any, Any, Any]) -> Principal:
     On an open gateway without an admin key the admin routes stay closed: an open
     gateway must not let anyone reload its policy or read every tenant's usage."""
     principal = authenticate(request)
-    if not principal.admin:
-        raise PermissionDeniedError("This endpoint needs the admin key.", code="admin_only")
+    request.app.state.gateway.runtime.auth.require_admin(principal)
     return principal

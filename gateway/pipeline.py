@@ -25,7 +25,7 @@ from core.routing import RouteRequest
 from core.wire import ChatRequest
 from gateway.context import RequestRecord
 from gateway.health import TrackerObserver
-from gateway.routing_view import route_request
+from gateway.routing_view import route_request, tenant_constraints
 from gateway.runtime import Runtime
 from gateway.state import GatewayState
 from policies.pricing import cost_usd, estimate_cost
@@ -73,8 +73,7 @@ class Scope:
 
     @property
     def tenant(self) -> TenantConfig | None:
-        name = self.record.principal.tenant
-        return self.runtime.config.tenants.get(name) if name else None
+        return self.runtime.auth.tenant_config(self.record.principal)
 
     def plan_chat(self, req: ChatRequest) -> Plan:
         """Filters and strategy for a chat request (404 unknown alias, 400 no capable or
@@ -105,15 +104,12 @@ class Scope:
                 param="model",
                 code="unsupported_endpoint",
             )
-        tenant = self.tenant
         self.route = RouteRequest(
             model=model,
             tenant=self.record.principal.tenant,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            local_only=tenant.local_only if tenant is not None else False,
-            providers=tuple(tenant.providers) if tenant and tenant.providers is not None else None,
-            deny_providers=tuple(tenant.deny_providers) if tenant is not None else (),
+            **tenant_constraints(self.tenant),
         )
         self._candidates = (capable, skipped, None)
         return self._plan(capable, skipped, None)

@@ -4,6 +4,7 @@ the caller's tenant settings, the alias and the SLO header."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from core.config import ModelConfig
 from core.config_tenants import TenantConfig
@@ -47,6 +48,18 @@ def slo_from_header(headers: Mapping[str, str]) -> float | None:
     return parsed
 
 
+def tenant_constraints(tenant: TenantConfig | None) -> dict[str, Any]:
+    """The ``RouteRequest`` fields a tenant's policy sets (residency, provider lists)."""
+    if tenant is None:
+        return {}
+    allow = tuple(tenant.providers) if tenant.providers is not None else None
+    return {
+        "local_only": tenant.local_only,
+        "providers": allow,
+        "deny_providers": tuple(tenant.deny_providers),
+    }
+
+
 def route_request(
     req: ChatRequest,
     model: ModelConfig,
@@ -70,8 +83,6 @@ def route_request(
         max_tokens=req.output_limit(),
         slo_ttft_ms=slo,
         slo_total_ms=model.slo_total_ms,
-        local_only=tenant.local_only if tenant is not None else False,
-        providers=tuple(tenant.providers) if tenant and tenant.providers is not None else None,
-        deny_providers=tuple(tenant.deny_providers) if tenant is not None else (),
         prefix_hashes=prefix_hashes(prompt_text(req)) if with_prefix else (),
+        **tenant_constraints(tenant),
     )

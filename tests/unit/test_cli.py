@@ -64,6 +64,7 @@ providers:
   onprem: {type: vllm, base_url: "http://127.0.0.1:9/v1"}
 tenants:
   clinic: {local_only: true}
+  frugal: {deny_providers: [premium]}
 models:
   m:
     strategy: {type: lowest_cost}
@@ -96,3 +97,12 @@ def test_route_explain_applies_the_tenants_residency(tmp_path, capsys):
     assert "cheap/small: skipped (not local (data residency))" in out
     assert main(["route", "explain", "--config", str(path), "--model", "m",
                  "--tenant", "nobody"]) == 1
+
+
+def test_route_explain_applies_the_tenants_provider_lists(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(ROUTE_POLICY)
+    assert main(["route", "explain", "--config", str(path), "--model", "m",
+                 "--tenant", "frugal", "--prompt-tokens", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "premium/big: skipped (provider not allowed for this tenant)" in out
