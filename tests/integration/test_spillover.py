@@ -9,9 +9,6 @@ has drained, requests go to the worker again.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from local_tier.vllm.process import WorkerProcess
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.server import free_port, serve
 from tests.integration.gateway_harness import Gateway, running_gateway
@@ -32,33 +30,7 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 ADMIN = "sy-admin-spill-0123456789abcdef"
 MODEL = "smollm2-spill"
 LOCAL_LABEL = f"local/{MODEL}"
-REPO = Path(__file__).resolve().parents[2]
 STORY = "Write a long story about a dragon who learns to bake bread."
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"worker not healthy in {limit_s} s:\n{log.read_text()[-4000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the worker this module started, by its PID."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +42,12 @@ def worker_url() -> Iterator[str]:
             "--served-model-name", MODEL, "--max-model-len", "512",
             "--max-batch-size", "1", "--kv-cache-tokens", "8192"]
     with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "worker.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        worker = WorkerProcess(args, port=port, log_path=Path(tmp) / "worker.log").start()
         try:
-            _wait_healthy(url, proc, log, limit_s=600)
-            yield url
+            worker.wait_healthy(timeout=600)
+            yield worker.base_url
         finally:
-            _stop(proc)
+            worker.stop()
 
 
 @pytest.fixture(scope="module")
