@@ -42,9 +42,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
 
+from bench.gateway import cpu_seconds, wait_http
 from bench.rawclient import Connection
 from policies.auth import KeysFile
 from tests.fixtures.redis_server import RedisServer
@@ -110,18 +110,6 @@ def raw_request(key: str | None) -> bytes:
     ).encode() + BODY
 
 
-def wait_http(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
 async def closed_loop(port: int, raw: bytes, connections: int, seconds: float) -> int:
     """``connections`` keep-alive connections, each sending the next request as soon as
     the previous answer is read, for ``seconds``. Returns how many completed; raises on
@@ -144,11 +132,6 @@ async def closed_loop(port: int, raw: bytes, connections: int, seconds: float) -
         for conn in conns:
             conn.close()
     return done
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
 
 
 def start_gateway(
