@@ -6,7 +6,10 @@ Prints, after a warm-up run of each shape (first runs pay compiles and page faul
 - decode tok/s at each batch size: B streams of greedy tokens (EOS ignored), counted from the
   moment every stream has its first token to the end, so prefill is excluded;
 - prefill: time to first token and prompt tok/s for 100- and 500-token prompts (fresh token
-  ids each run, so the prefix cache cannot help).
+  ids each run, so the prefix cache cannot help);
+- the memory-bandwidth limit of batch-1 decode: the device's streaming-read bandwidth (a
+  jitted sum over 1 GiB, all threads, median of 5) divided by the bytes one decode step must
+  read (every weight array, the tied embedding once), and batch-1 decode as a share of it.
 It runs on whatever device the engine picks (TPU > GPU > CPU) unless --backend says otherwise.
 """
 
@@ -18,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -77,14 +81,33 @@ async def sanity(engine: Engine) -> str:
     return "".join([o.text async for o in engine.generate(GenerationRequest("s", prompt, params))])
 
 
+def read_bandwidth(device: Any, n_bytes: int = 1 << 30) -> float:
+    """Bytes/s of a jitted full read (sum) of an n_bytes fp32 array on ``device``."""
+    import jax  # after local_tier.jax, which sets XLA_FLAGS before JAX starts
+    import jax.numpy as jnp
+
+    x = jax.device_put(jnp.ones(n_bytes // 4, jnp.float32), device)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        total(x).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return n_bytes / statistics.median(times)
+
+
 async def report(engine: Engine, args: argparse.Namespace) -> None:
-    """Decode tok/s per batch size, then TTFT for 100- and 500-token prompts."""
+    """Decode tok/s per batch size, then TTFT for 100- and 500-token prompts, then the
+    bandwidth limit of batch-1 decode."""
+    rates_by_batch: dict[int, float] = {}
     for batch in args.batches:
         await decode_rate(engine, batch, 8, args.prompt_len)  # warm-up (compiles, page faults)
         rates = [
             await decode_rate(engine, batch, args.max_tokens, args.prompt_len)
             for _ in range(args.repeats)
         ]
+        rates_by_batch[batch] = statistics.median(rates)
         print(
             f"decode B={batch:<3d} {statistics.median(rates):8.1f} tok/s total "
             f"({statistics.median(rates) / batch:6.1f} per stream)",
@@ -95,6 +118,15 @@ async def report(engine: Engine, args: argparse.Namespace) -> None:
         times = [await ttft(engine, n) for _ in range(args.repeats)]
         med = statistics.median(times)
         print(f"prefill {n:3d} tokens: TTFT {med:.3f}s ({n / med:7.1f} tok/s)", flush=True)
+    bandwidth, per_token = read_bandwidth(engine.device), engine.decode_weight_bytes
+    limit = bandwidth / per_token
+    print(
+        f"memory bandwidth {bandwidth / 1e9:.1f} GB/s; decode reads {per_token / 1e6:.0f} MB "
+        f"of weights per step -> batch-1 limit {limit:.1f} tok/s",
+        flush=True,
+    )
+    if 1 in rates_by_batch:
+        print(f"batch-1 decode at {100 * rates_by_batch[1] / limit:.0f}% of that limit")
 
 
 async def main(args: argparse.Namespace) -> None:

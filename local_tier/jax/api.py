@@ -102,7 +102,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     compile_cache_dir: str | None = None  # None = ~/.cache/switchyard/jax; "" = off
     max_waiting: int = 256  # queue bound; beyond it ``generate`` raises EngineOverloadedError
     kv_dtype: Literal["float32", "bfloat16"] | None = None  # None = same as ``dtype``
-    # Weights used by prefill steps; None = ``dtype``, except fp32 on CPU (faster there).
+    # Weights used by prefill steps; None = ``dtype``, except fp32 on a CPU without native
+    # bf16 matmuls (faster there).
     prefill_dtype: Literal["float32", "bfloat16"] | None = None
     prefill_chunk_tokens: int = 512  # longest prefill piece run in one step
     model_name: str | None = None  # None = derived from the GGUF metadata

@@ -2,9 +2,9 @@
 
 Every distinct (batch, new tokens, context) shape costs one XLA compile (1-3 s on a small
 CPU; cached on disk across restarts), and decode time follows the *padded* context length,
-so decode batches and decode contexts are rounded up to powers of two. Prefill is dominated
-by its new tokens, not its context, so its chunk lengths and contexts step by 4x: fewer
-shapes, fewer compiles met for the first time while serving.
+so decode batches and decode contexts are rounded up to powers of two. Prefill time follows
+its padded new tokens (a 140-token prompt padded to 512 took 2x as long as padded to 256), so
+chunk lengths step by 2x too; its context matters little, so prefill contexts step by 4x.
 """
 
 from __future__ import annotations
@@ -67,13 +67,13 @@ class Buckets:
     ) -> Buckets:
         """Decode batch ``min_decode_batch..max_batch`` in powers of two; decode contexts
         ``64..max_model_len`` in powers of two plus the 1.5x steps from 128 on (192, 384, ...);
-        prefill chunks ``32..chunk`` with up to 8 rows and prefill contexts
+        prefill chunks ``32..chunk`` in powers of two with up to 8 rows, and prefill contexts
         ``256..max_model_len`` in powers of four (0 = no context)."""
         lo_ctx = max(64, block_size)
         return cls(
             decode_batch=_pow2_upto(min(min_decode_batch, max_batch), max_batch),
             prefill_rows=_pow2_upto(1, min(8, max_batch)),
-            prefill_len=_pow2_upto(min(32, chunk), chunk, 4),
+            prefill_len=_pow2_upto(min(32, chunk), chunk),
             context=(
                 0,
                 *_with_midpoints(

@@ -112,6 +112,11 @@ class Engine:
                 self._aborts.append(req.request_id)
                 self._wake.set()
 
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (the memory-bandwidth cost of a token)."""
+        return self._runner.decode_weight_bytes
+
     def stats(self) -> EngineStats:
         pool, s = self._sched.pool, self._sched
         return EngineStats(

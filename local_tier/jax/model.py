@@ -264,7 +264,9 @@ def forward(
         new_k.append(k)
         new_v.append(v)
     last = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]
-    logits = _dot(_rms(last, w.out_norm, hp.rms_eps), w.emb_t)
+    if b == 1:  # a one-row bf16 matmul takes XLA:CPU's slow path (30 ms for the logits)
+        last = jnp.concatenate([last, last])
+    logits = _dot(_rms(last, w.out_norm, hp.rms_eps), w.emb_t)[:b]
     # All layers' new K/V in one scatter per cache, after every read of the old cache.
     offs = (jnp.arange(hp.n_layers, dtype=jnp.int32) * spec.n_blocks)[:, None, None]
     blk = (inp.write_blocks[None] + offs).reshape(-1)

@@ -49,9 +49,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+PROGRESS: list[str] = []  # the engine's progress messages
+
+
 @pytest.fixture(scope="module")
 async def engine() -> AsyncIterator[Engine]:
-    eng = Engine.from_config(CONFIG)
+    eng = Engine.from_config(CONFIG, progress=PROGRESS.append)
     await eng.start()
     yield eng
     await eng.stop()
@@ -285,3 +288,13 @@ async def test_default_bf16_path_answers_the_same() -> None:
         assert text(outs) == "The capital of France is Paris."
     finally:
         await eng.stop()
+
+
+async def test_a_shape_compiled_while_serving_is_reported(engine: Engine) -> None:
+    """With warm-up off, the first prefill and decode steps compile while serving; each new
+    shape is reported once (an operator sees which bucket the warm-up lacks)."""
+    await run(engine, chat(engine, "Name a colour."))
+    compiled = [m for m in PROGRESS if m.startswith("compiled step")]
+    assert any(m.startswith("compiled step B=2 T=32 ctx=") for m in compiled)
+    assert any(m.startswith("compiled step B=2 T=1 ctx=256") for m in compiled)
+    assert len(compiled) == len({m.split(" in ")[0] for m in compiled})  # each shape once

@@ -153,7 +153,7 @@ def test_buckets_round_up_and_override() -> None:
     assert b.decode_batch == (2, 4, 8, 16, 32)
     assert b.context[0] == 0 and b.context[-1] == 2048
     assert round_up(3, b.decode_batch) == 4
-    assert b.prefill_len == (32, 128, 512) and b.prefill_ctx == (0, 256, 1024, 2048)
+    assert b.prefill_len == (32, 64, 128, 256, 512) and b.prefill_ctx == (0, 256, 1024, 2048)
     o = b.override(decode_batch=(32,), context=(2048,))
     assert o.decode_batch == (32,) and o.context == o.prefill_ctx == (0, 2048)
 
