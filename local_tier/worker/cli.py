@@ -19,11 +19,11 @@ from local_tier.worker.state import WorkerState
 log = logging.getLogger("switchyard.worker")
 _DEFAULTS = JaxProviderConfig()
 # A worker process is a dedicated model server, so its defaults follow ``vllm serve`` rather
-# than the embedded provider's: the model's serving dtype (bf16 weights and KV cache for
-# decode; prefill keeps fp32 weights on CPU, see local_tier/jax/setup.py) and a batch wide
-# enough for 32 concurrent streams. On this 2-core CPU, bf16 decode steps take 0.5-0.65x the
-# fp32 time at 2-32 rows (half the bytes read), and a batch capped at 8 left 32 streams
-# decoding 8 at a time.
+# than the embedded provider's: the model's serving dtype (bf16 weights and KV cache; prefill
+# keeps fp32 weights on CPUs without bf16 instructions, see local_tier/jax/setup.py) and a
+# batch wide enough for 32 concurrent streams. On a 2-core CPU, bf16 decode steps take
+# 0.5-0.65x the fp32 time at 2-32 rows (half the bytes read), and a batch capped at 8 left
+# 32 streams decoding 8 at a time.
 WORKER_DTYPE = "bfloat16"
 WORKER_MAX_BATCH = 32
 
