@@ -83,7 +83,7 @@ class Engine:
         self._wake = asyncio.Event()
         if self.config.warmup:
             shapes = warmup_shapes(self._runner.buckets, self.config)
-            await asyncio.to_thread(self._runner.warmup, shapes, self._progress)
+            await asyncio.to_thread(self._runner.warmup, shapes)
         self._task = asyncio.create_task(self._loop(), name="jax-engine-loop")
 
     async def stop(self) -> None:

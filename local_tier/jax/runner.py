@@ -148,17 +148,13 @@ class Runner:
         out = np.asarray(logits)[: batch.rows] if want_logits else np.empty((0, 0), np.float32)
         return ids, out
 
-    def warmup(self, shapes: list[tuple[int, int, int]], progress: Callable[[str], None]) -> None:
+    def warmup(self, shapes: list[tuple[int, int, int]]) -> None:
         """Compile (or load from the persistent cache) each (batch, new tokens, context) shape
-        by running it once on scratch slots."""
-        report, self._report = self._report, progress
-        try:
-            for b, t, p in shapes:
-                arrs = _zeros(b, t, p // self.block_size)
-                arrs["n_new"][:] = t
-                self.execute(Batch(M.StepInputs(**arrs), np.zeros(b, I32), b), want_logits=False)
-        finally:
-            self._report = report
+        by running it once on scratch slots; each compile is reported like any other."""
+        for b, t, p in shapes:
+            arrs = _zeros(b, t, p // self.block_size)
+            arrs["n_new"][:] = t
+            self.execute(Batch(M.StepInputs(**arrs), np.zeros(b, I32), b), want_logits=False)
 
 
 def _zeros(b: int, t: int, nb: int) -> dict[str, np.ndarray]:
