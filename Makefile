@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8080
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: setup serve test lint typecheck test-fast test-model test-vllm setup-vllm bench clean
+.PHONY: setup serve test lint typecheck test-fast test-hostile test-model test-vllm setup-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,10 @@ lint: setup
 typecheck: lint
 
 test-fast: setup  ## unit, contract and integration tests against fake upstreams
-	$(PYTEST) -m "not model and not slow" -q
+	$(PYTEST) -m "not model and not slow and not hostile" -q
+
+test-hostile: setup  ## hostile clients, disconnect storms, fuzzing, store faults (real processes)
+	$(PYTEST) -m hostile -q
 
 test-model: setup  ## the real SmolLM2 model in the JAX engine (CPU)
 	$(PYTEST) -m model -q
@@ -41,7 +44,7 @@ setup-vllm: setup
 test-vllm: setup-vllm  ## the real vLLM server (CPU build)
 	$(PYTEST) -m slow -q
 
-test: lint test-fast test-model test-vllm  ## everything, in stages; what CI runs
+test: lint test-fast test-hostile test-model test-vllm  ## everything, in stages; what CI runs
 
 bench: setup
 	$(BIN)/python -m bench.gateway
