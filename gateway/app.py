@@ -10,7 +10,7 @@ from litestar.exceptions import HTTPException
 
 from core.config import Config
 from core.errors import GatewayError
-from gateway import admin, chat, misc, usage_routes
+from gateway import admin, chat, misc, openapi, usage_routes
 from gateway.errors import gateway_error_handler, http_error_handler, unexpected_error_handler
 from gateway.reload import Reloader
 from gateway.runtime import Progress
@@ -37,7 +37,7 @@ def create_app(
         finally:
             await state.aclose()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             chat.chat_completions,
             misc.completions,
@@ -50,6 +50,7 @@ def create_app(
             admin.list_targets,
             usage_routes.admin_usage,
             usage_routes.tenant_usage,
+            openapi.openapi_document,
         ],
         lifespan=[lifespan],
         exception_handlers={
@@ -61,3 +62,5 @@ def create_app(
         openapi_config=None,
         logging_config=None,
     )
+    openapi.publish(app)  # after the routes exist: the document lists them
+    return app
