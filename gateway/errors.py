@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import msgspec
+import numpy as np
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
@@ -19,6 +20,18 @@ _log = structlog.get_logger("switchyard")
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 _STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+# Deepest JSON nesting a request body may have, the body itself counting as level 1. A chat
+# body is ~6 levels deep and real JSON schemas in ``tools`` a dozen or two; 128 is also
+# serde_json's default. It must stay far below Python's recursion limit (1000 frames):
+# msgspec decodes on the Python stack (Python 3.11), and later passes over the body (vendor
+# converters, the response cache, Anthropic cache_control placement) walk it again, deeper.
+MAX_JSON_DEPTH = 128
+_STRUCTURAL = b'"[]{}'
+_NOT_STRUCTURAL = bytes(b for b in range(256) if b not in _STRUCTURAL)
+_QUOTE = bytes(1 if b == ord('"') else 0 for b in range(256))
+# +1 for an opening bracket, -1 (0xff as int8) for a closing one, 0 for a quote
+_STEP = bytes(1 if b in b"[{" else 0xFF if b in b"]}" else 0 for b in range(256))
 
 
 def error_body(exc: GatewayError) -> bytes:
@@ -61,12 +74,49 @@ def invalid_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidR
     return InvalidRequestError(f"Invalid request: {message}{where}", param=path or None)
 
 
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text ``raw`` nests arrays and objects more than ``limit`` levels deep
+    (the outermost value is level 1). Exact for valid JSON; for invalid JSON the answer
+    does not matter (the decoder refuses it either way).
+
+    Linear and vectorised: a body with at most ``limit`` opening brackets cannot be too
+    deep, which settles most requests with two ``count`` calls; otherwise escapes are
+    dropped, everything but quotes and brackets is deleted, the quote parity marks what is
+    inside strings, and the running sum of +1/-1 over the brackets outside strings is the
+    depth."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    # Drop escaped backslashes first, so that in `\\"` the quote is seen as a real quote.
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURAL)
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    quotes = np.frombuffer(text.translate(_QUOTE), dtype=np.uint8)
+    # parity of the quotes so far (a uint8 sum wraps, its parity does not): 0 = outside
+    outside = (np.cumsum(quotes, dtype=np.uint8) & 1) ^ 1
+    steps = np.frombuffer(text.translate(_STEP), dtype=np.int8) * outside.view(np.int8)
+    return bool(np.cumsum(steps, dtype=np.int32).max() > limit)
+
+
+def too_deep(limit: int = MAX_JSON_DEPTH) -> InvalidRequestError:
+    """The 400 for a body nested beyond ``limit`` levels."""
+    return InvalidRequestError(
+        f"We could not parse the JSON body of your request: JSON nesting deeper than {limit}"
+        " levels is not supported.",
+        code="json_too_deep",
+    )
+
+
 def decode_body(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
-    """``raw`` decoded, or the 400 that says what is wrong with it."""
+    """``raw`` decoded, or the 400 that says what is wrong with it (not JSON, not the
+    schema, or nested deeper than ``MAX_JSON_DEPTH``, checked before decoding)."""
+    if json_depth_exceeds(raw):
+        raise too_deep()
     try:
         return decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise invalid_body(exc) from exc
+    except RecursionError as exc:  # cannot happen within the limit; never a 500 if it does
+        raise too_deep() from exc
 
 
 def _request_id(request: Request[Any, Any, Any]) -> str:
