@@ -19,7 +19,7 @@ import io
 import math
 import re
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import Any, Literal, cast
 
 import msgspec
@@ -68,17 +68,37 @@ class ExportQuery(msgspec.Struct, frozen=True, kw_only=True):
 # ---------------------------------------------------------------- filters
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DAY_S = 86400.0
+# The times a filter may name: the Unix epoch up to the end of year 9999, the range ISO 8601
+# dates and ``datetime`` cover. Every backend takes these without overflow (the Redis
+# ledger turns them into millisecond stream ids); no ledger row lies outside them.
+EARLIEST_S = 0.0
+LATEST_S = 253402300800.0  # 10000-01-01T00:00:00Z
 
 
 def parse_time(value: str | None, param: str, *, end: bool = False) -> float | None:
     """Unix seconds from ``value``: Unix seconds (``1714564800``), an ISO date
     (``2024-05-01``, midnight UTC) or an ISO datetime (naive means UTC). A date given as an
     ``end`` covers that whole day (its end is the next midnight), so ``from=2024-05-01&
-    to=2024-05-31`` is all of May. Empty -> None. Anything else -> ``InvalidRequestError``
-    with ``param``."""
+    to=2024-05-31`` is all of May. Empty -> None. Anything else, and any time outside
+    ``EARLIEST_S``..``LATEST_S`` (1970 to the end of 9999), -> ``InvalidRequestError`` with
+    ``param``."""
     text = (value or "").strip()
     if not text:
         return None
+    seconds = _seconds(text, param, end)
+    if not EARLIEST_S <= seconds <= LATEST_S:
+        raise InvalidRequestError(
+            f"'{param}' must lie between 1970-01-01 and 9999-12-31 (Unix seconds 0 to"
+            f" {LATEST_S:.0f}); got {text[:64]!r}",
+            param=param,
+        )
+    return seconds
+
+
+def _seconds(text: str, param: str, end: bool) -> float:
+    """``text`` as Unix seconds, unchecked for range; a 400 naming ``param`` when it is
+    neither a finite number nor an ISO date or datetime."""
     try:
         seconds = float(text)
     except ValueError:
@@ -90,16 +110,17 @@ def parse_time(value: str | None, param: str, *, end: bool = False) -> float | N
     try:
         if _DATE.fullmatch(text):
             day = datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC)
-            return (day + timedelta(days=1) if end else day).timestamp()
+            # seconds, not ``day + 1 day``: the day after 9999-12-31 is not a ``date``
+            return day.timestamp() + (_DAY_S if end else 0.0)
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    except (ValueError, OverflowError):
         raise InvalidRequestError(
-            f"'{param}' must be an ISO 8601 date or datetime, or Unix seconds; got {text!r}",
+            f"'{param}' must be an ISO 8601 date or datetime, or Unix seconds; got {text[:64]!r}",
             param=param,
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 def _choice(value: str | None, allowed: tuple[str, ...], param: str) -> str | None:
