@@ -131,6 +131,8 @@ class RoutingConfig(_Strict, frozen=True):
     max_attempts_per_target: PositiveInt = 2
     retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.05
     max_retry_after_s: Annotated[float, Meta(ge=0)] = 2.0
+    # the most Retry-After the gateway passes on to clients from its upstreams (seconds)
+    max_client_retry_after_s: Annotated[float, Meta(gt=0)] = 60.0
     retry_budget: RetryBudgetConfig = RetryBudgetConfig()
     breaker: BreakerConfig = BreakerConfig()
     queue: QueueConfig = QueueConfig()

@@ -40,10 +40,14 @@ def error_body(exc: GatewayError) -> bytes:
 
 
 def error_headers(exc: GatewayError, request_id: str | None) -> dict[str, str]:
+    """The error's own headers, ``x-request-id`` and ``retry-after`` (whole seconds, at
+    least 1). Whoever raises the error bounds its ``retry_after`` (the executor caps an
+    upstream's at ``routing.max_client_retry_after_s``); a non-finite one is left out
+    rather than crash the error path."""
     headers = dict(exc.headers)
     if request_id:
         headers["x-request-id"] = request_id
-    if exc.retry_after is not None:
+    if exc.retry_after is not None and math.isfinite(exc.retry_after):
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
     return headers
 

@@ -5,6 +5,7 @@ Retry-After parsing and SSE reading. Adapters raise nothing but ``ProviderError`
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -30,26 +31,45 @@ ErrorMessage = Callable[[bytes], tuple[str, str | None]]
 """Reads a vendor error body; returns (message, param)."""
 
 
+# The longest wait an upstream's Retry-After is taken to mean. Longer values (a typo, an
+# HTTP date years ahead, 1e300) all mean "not soon" and are clamped, so nothing downstream
+# does arithmetic on, or renders, an astronomical number.
+MAX_RETRY_AFTER_S = 86400.0
+
+
 def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date),
+    within 0..``MAX_RETRY_AFTER_S`` (a negative wait or a past date is 0, a longer one is
+    clamped). None when absent or unusable (not a number or date, NaN, infinite)."""
+    millis = _seconds(headers.get("retry-after-ms"))
+    if millis is not None:
+        return _clamped(millis / 1000)
     value = headers.get("retry-after")
     if not value:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    seconds = _seconds(value)
+    if seconds is not None:
+        return _clamped(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when - (time.time() if now is None else now))
+    return _clamped(when - (time.time() if now is None else now))
+
+
+def _seconds(value: str | None) -> float | None:
+    """``value`` as a finite number, else None."""
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _clamped(seconds: float) -> float:
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
 def error_for_status(

@@ -124,22 +124,36 @@ class Executor:
         self._budget = retry_budget or RetryBudget(config.retry_budget, self._clock)
 
     def _should_retry(self, exc: BaseException) -> bool:
+        """Whether to try the same target again. An upstream that asked for a longer wait
+        than ``max_retry_after_s`` is never waited on (whatever the error), nor is a
+        Retry-After that is not a number (NaN compares false)."""
         if not isinstance(exc, ProviderError):
             return False
-        if exc.retryable:
-            return True
-        short_wait = (
-            exc.retry_after is not None and exc.retry_after <= self._config.max_retry_after_s
-        )
-        return short_wait and isinstance(exc, UpstreamRateLimitedError | UpstreamServerError)
+        if exc.retry_after is not None:
+            if not exc.retry_after <= self._config.max_retry_after_s:
+                return False
+            if isinstance(exc, UpstreamRateLimitedError | UpstreamServerError):
+                return True
+        return exc.retryable
 
     def _backoff(self, exc: BaseException | None, retries_before: int) -> float:
-        """Seconds before the next try: the upstream's Retry-After when it sent one, else
-        exponential backoff with jitter (``retries_before`` tries already repeated)."""
+        """Seconds before the next try: the upstream's Retry-After when it sent one (never
+        more than ``max_retry_after_s``), else exponential backoff with jitter
+        (``retries_before`` tries already repeated)."""
         if isinstance(exc, ProviderError) and exc.retry_after is not None:
-            return float(exc.retry_after)
+            return min(float(exc.retry_after), self._config.max_retry_after_s)
         base: float = self._config.retry_backoff_s * 2.0**retries_before
         return base * (0.5 + self._jitter())
+
+    def _all_failed(self, model: str, failures: list[ProviderError]) -> AllTargetsFailedError:
+        """The error for a plan whose every called target failed. The Retry-After it tells
+        the client is capped at ``max_client_retry_after_s``: an upstream's "come back in
+        11 days" must not become the gateway's answer (other targets, or the same one after
+        its window, may serve much sooner)."""
+        error = AllTargetsFailedError(model, failures)
+        if error.retry_after is not None:
+            error.retry_after = min(error.retry_after, self._config.max_client_retry_after_s)
+        return error
 
     @staticmethod
     async def _refusal(target: Target, gate: Gate | None) -> str | None:
@@ -184,7 +198,7 @@ class Executor:
             return result
         if not failures:
             raise _unavailable(model, trace)
-        raise AllTargetsFailedError(model, failures)
+        raise self._all_failed(model, failures)
 
     async def _call_target(
         self, target: Target, call: Callable[[Target], Awaitable[T]], trace: Trace, hooks: _Hooks
