@@ -53,7 +53,10 @@ class JwtConfig(_Strict, frozen=True):
     audience: str | None = None
     tenant_claim: Name = "tenant"
     key_id_claim: Name = "sub"
-    leeway_s: NonNegativeFloat = 30.0
+    leeway_s: NonNegativeFloat = 30.0  # clock skew allowed on exp, nbf and iat
+    # Longer tokens are refused before any decoding or signature work. Identity-provider
+    # tokens are well under 4 KiB; browsers and proxies cap whole headers near 8-16 KiB.
+    max_token_bytes: PositiveInt = 16384
 
 
 class AuthConfig(_Strict, frozen=True):

@@ -8,9 +8,11 @@ is never accepted (it is not an allowed algorithm), and an HS256 token "signed" 
 RSA public key as an HMAC secret fails: HS256 is checked against the secret, never the PEM.
 
 Times come from the injected clock, not from pyjwt (which reads ``time`` itself): pyjwt
-checks the signature, ``iss`` and ``aud``; ``exp`` (required) and ``nbf`` are checked here
-against ``clock.wall()`` with ``leeway_s``. Verified tokens are cached by their exact text
-until they expire (bounded LRU), so a client that reuses a token pays for one signature check.
+checks the signature, ``iss`` and ``aud``; ``exp`` (required), ``nbf`` and ``iat`` (a token
+issued in the future is refused) are checked here against ``clock.wall()`` with
+``leeway_s``. A token longer than ``max_token_bytes`` is refused before anything else.
+Verified tokens are cached by their exact text until they expire (bounded LRU), so a client
+that reuses a token pays for one signature check.
 """
 
 from __future__ import annotations
@@ -184,6 +186,10 @@ class JwtVerifier:
 
     def verify(self, token: str) -> Principal:
         """The caller this token names; ``TokenRejected`` when it is not valid now."""
+        if len(token) > self._config.max_token_bytes:
+            # before the cache, base64 and the signature: size alone must not cost CPU
+            # (header values are latin-1, one character per byte)
+            raise TokenRejected(f"token larger than {self._config.max_token_bytes} bytes")
         cached = self._cache.get(token)
         if cached is not None:
             principal, expires = cached
@@ -250,9 +256,9 @@ class JwtVerifier:
         return key
 
     def _check_times(self, claims: Mapping[str, Any]) -> float:
-        """Check ``exp`` and ``nbf`` against the clock; return ``exp``."""
+        """Check ``exp``, ``nbf`` and ``iat`` against the clock; return ``exp``."""
         now, leeway = self._clock.wall(), self._config.leeway_s
-        exp, nbf = claims.get("exp"), claims.get("nbf")
+        exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
         if not _number(exp):
             raise TokenRejected("exp must be a number")
         if now >= exp + leeway:
@@ -261,6 +267,11 @@ class JwtVerifier:
             raise TokenRejected("nbf must be a number")
         if nbf is not None and now + leeway < nbf:
             raise TokenRejected("token not yet valid")
+        if iat is not None and not _number(iat):
+            raise TokenRejected("iat must be a number")
+        if iat is not None and now + leeway < iat:
+            # a token from the future: a skewed or compromised issuer (RFC 7519 4.1.6)
+            raise TokenRejected("token issued in the future")
         return float(exp)
 
     def _principal(self, claims: Mapping[str, Any]) -> Principal:
