@@ -28,7 +28,11 @@ ADMIN = Principal(via="admin", key_id="admin")
 
 
 class UsageRow(Struct, frozen=True, kw_only=True):
-    """One ledger row per request. Times are Unix seconds (UTC); costs in USD."""
+    """One ledger row per request. Times are Unix seconds (UTC); costs in USD.
+
+    ``request_id`` is the gateway's own id (the ledger's key: rows are deduplicated on it);
+    ``client_request_id`` is the ``x-request-id`` the client sent, kept for correlation only
+    (a client chooses it, so it is never an accounting identity)."""
 
     request_id: str
     ts: float
@@ -51,3 +55,4 @@ class UsageRow(Struct, frozen=True, kw_only=True):
     attempts: int = 0
     fallbacks: int = 0
     cache_hit: bool = False
+    client_request_id: str | None = None

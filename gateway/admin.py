@@ -1,4 +1,5 @@
-"""Admin routes: ``POST /admin/reload`` and ``GET /admin/targets`` (admin key only)."""
+"""Admin routes (admin key only): ``POST /admin/reload``, ``GET /admin/targets`` and
+``GET /admin/tenants/{tenant}/quota``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get, post
 
-from core.errors import InvalidRequestError
+from core.errors import InvalidRequestError, ModelNotFoundError, ServiceUnavailableError
 from core.routing import RouteRequest
 from gateway.guard import require_admin
 from gateway.state import GatewayState
+from policies.store.base import StoreUnavailableError
 
 _JSON = "application/json"
 
@@ -72,4 +74,25 @@ async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
     }
     queue = {"depth": state.queue.depth, "by_tenant": state.queue.depth_by_tenant()}
     body = {"targets": list(seen.values()), "skipped": skipped, "queue": queue}
+    return Response(msgspec.json.encode(body), media_type=_JSON)
+
+
+@get("/admin/tenants/{tenant:str}/quota")
+async def tenant_quota(
+    request: Request[Any, Any, Any], tenant: str, key_id: str | None = None
+) -> Response[bytes]:
+    """The tenant's (and with ``?key_id=`` that key's) current use of each limit: live
+    concurrency leases and the current windows' counters, from the shared store. 404 for
+    an unknown tenant, 503 while the store is unreachable."""
+    require_admin(request)
+    runtime = _state(request).runtime
+    if tenant not in runtime.config.tenants:
+        error = ModelNotFoundError(f"No tenant named '{tenant}'.", param="tenant")
+        error.code = "tenant_not_found"
+        raise error
+    try:
+        limits = await runtime.quotas.current(tenant, key_id)
+    except StoreUnavailableError as exc:
+        raise ServiceUnavailableError(f"Quota state is unavailable: {exc}") from exc
+    body = {"tenant": tenant, "key_id": key_id, "limits": limits}
     return Response(msgspec.json.encode(body), media_type=_JSON)

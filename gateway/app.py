@@ -11,6 +11,7 @@ from litestar.exceptions import HTTPException
 from core.config import Config
 from core.errors import GatewayError
 from gateway import admin, chat, misc, openapi, usage_routes
+from gateway.abandon import finish_abandoned
 from gateway.errors import gateway_error_handler, http_error_handler, unexpected_error_handler
 from gateway.reload import Reloader
 from gateway.runtime import Progress
@@ -48,11 +49,13 @@ def create_app(
             misc.readyz,
             admin.reload_policy,
             admin.list_targets,
+            admin.tenant_quota,
             usage_routes.admin_usage,
             usage_routes.tenant_usage,
             openapi.openapi_document,
         ],
         lifespan=[lifespan],
+        middleware=[finish_abandoned],
         exception_handlers={
             GatewayError: gateway_error_handler,
             HTTPException: http_error_handler,

@@ -6,22 +6,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-import structlog
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from core.errors import GatewayError, UpstreamServerError
+from core.errors import GatewayError
 from core.wire import ChatRequest, ChatResult, StreamOptions, StreamPart, encoder
 from gateway import caching, sse
 from gateway.context import RequestRecord
 from gateway.errors import decode_body
-from gateway.pipeline import Scope
+from gateway.pipeline import CLIENT_CLOSED, Scope
 from routers.executor import close_stream
 from routers.targets import Target
 
 _decoder = msgspec.json.Decoder(ChatRequest)
 _JSON = "application/json"
-CLIENT_CLOSED = 499  # nginx's code: the client went away before the end
 
 
 def decode_chat(raw: bytes) -> ChatRequest:
@@ -59,12 +57,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             observer=scope.observer,
             gate=scope.state.trackers.breakers.gate,
         )
-    except GatewayError as exc:
-        exc.headers.update(record.extra_headers)
-        await scope.close(exc.status, exc)
-        raise
-    except BaseException:
-        await scope.close(CLIENT_CLOSED)
+    except BaseException as exc:
+        await scope.close(*scope.fail(exc))
         raise
     record.usage = result.response.usage
     await scope.close(200)
@@ -92,8 +86,10 @@ async def _open_stream(
         observer=scope.observer,
         gate=scope.state.trackers.breakers.gate,
     )
+    scope.hold(rest)
     record.first_byte()
     body = _stream_body(scope, first, rest, client_wants_usage, cache)
+    scope.hold(body)
     return Stream(body, media_type="text/event-stream", headers=sse_headers(record))
 
 
@@ -140,12 +136,9 @@ async def _stream_body(
         await scope.close(status)
         cache.store_collected(collected)
         yield sse.DONE
-    except GatewayError as exc:
-        status, error = exc.status, exc
-        yield sse.error_frame(exc)
     except Exception as exc:  # a bug must still end the stream with an error event
-        status, error = 500, UpstreamServerError(f"stream failed: {type(exc).__name__}")
-        structlog.get_logger("switchyard").exception("stream.failed")
+        status, error = scope.fail(exc)
+        assert error is not None
         yield sse.error_frame(error)
     finally:
         await close_stream(rest)

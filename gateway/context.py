@@ -21,20 +21,32 @@ _log = structlog.get_logger("switchyard")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def new_request_id(request: Request[Any, Any, Any]) -> str:
-    """The client's ``x-request-id`` when it is a sane token, else a fresh one."""
+GATEWAY_ID_HEADER = "x-switchyard-request-id"
+
+
+def new_request_id() -> str:
+    """A fresh gateway request id: 96 random bits, so ids never collide in practice."""
+    return "req_" + os.urandom(12).hex()
+
+
+def client_request_id(request: Request[Any, Any, Any]) -> str | None:
+    """The client's ``x-request-id`` when it is a sane token (else None). Used for
+    correlation only: echoed back, logged, stored beside the row; never as an identity."""
     supplied = request.headers.get("x-request-id")
     if supplied and _SAFE_ID.match(supplied):
         return supplied
-    return "req_" + os.urandom(12).hex()
+    return None
 
 
 class RequestRecord:
     """Collects what one request did and writes ``request.completed`` exactly once."""
 
     def __init__(self, request: Request[Any, Any, Any], endpoint: str) -> None:
-        self.request_id = new_request_id(request)
-        request.scope.setdefault("state", {})["request_id"] = self.request_id
+        # The gateway's own id keys quota leases, ledger rows and their dedup; a client
+        # that reuses or guesses ids must not share a lease or suppress a row (issue 10).
+        self.request_id = new_request_id()
+        self.client_request_id = client_request_id(request)
+        request.scope.setdefault("state", {})["request_id"] = self.echo_id
         self.endpoint = endpoint
         self.started = time.perf_counter()
         self.model: str | None = None
@@ -43,7 +55,8 @@ class RequestRecord:
         self.usage: Usage | None = None
         self.ttft_s: float | None = None
         self.principal: Principal = OPEN
-        self.extra_headers: dict[str, str] = {}  # x-ratelimit-*, cache and queue reports
+        # x-ratelimit-*, cache and queue reports; error responses carry them too
+        self.extra_headers: dict[str, str] = {GATEWAY_ID_HEADER: self.request_id}
         self.queue_s = 0.0
         self.cache_hit = False
         self.cost_usd = 0.0
@@ -63,6 +76,11 @@ class RequestRecord:
             cache_control_min_chars=self.cache_control_min_chars,
         )
 
+    @property
+    def echo_id(self) -> str:
+        """What ``x-request-id`` answers: the client's id when it sent one, else ours."""
+        return self.client_request_id or self.request_id
+
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
@@ -72,7 +90,7 @@ class RequestRecord:
 
     def headers(self) -> dict[str, str]:
         """Response headers that say what happened."""
-        headers = {"x-request-id": self.request_id, **self.extra_headers}
+        headers = {"x-request-id": self.echo_id, **self.extra_headers}
         served = self.trace.served_by
         if served is not None:
             headers["x-switchyard-provider"] = served.provider_name
@@ -108,6 +126,7 @@ class RequestRecord:
             attempts=len(self.trace.attempts),
             fallbacks=self.trace.fallbacks,
             cache_hit=self.cache_hit,
+            client_request_id=self.client_request_id,
         )
 
     def finish(self, status: int, error: GatewayError | None = None) -> None:
@@ -121,6 +140,7 @@ class RequestRecord:
         _log.info(
             "request.completed",
             request_id=self.request_id,
+            client_request_id=self.client_request_id,
             endpoint=self.endpoint,
             tenant=self.principal.tenant,
             key_id=self.principal.key_id,

@@ -21,9 +21,9 @@ from core.wire import (
     encoder,
 )
 from gateway import sse
-from gateway.chat import CLIENT_CLOSED, sse_headers
+from gateway.chat import sse_headers
 from gateway.errors import decode_body
-from gateway.pipeline import Scope
+from gateway.pipeline import CLIENT_CLOSED, Scope
 from gateway.state import GatewayState
 from routers.executor import close_stream
 from routers.planner import Plan
@@ -112,14 +112,6 @@ async def _answer(scope: Scope, result: RawResult) -> Response[bytes]:
     return Response(result.body, media_type=_JSON, headers=scope.record.headers())
 
 
-async def _failed(scope: Scope, exc: BaseException) -> None:
-    if isinstance(exc, GatewayError):
-        exc.headers.update(scope.record.extra_headers)
-        await scope.close(exc.status, exc)
-    else:
-        await scope.close(CLIENT_CLOSED)
-
-
 @post("/v1/embeddings", status_code=200)
 async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
     scope = Scope(request, "embeddings")
@@ -138,7 +130,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
             lambda t: cast(EmbeddingProvider, t.provider).embed(req, ctx(t, raw)),
         )
     except BaseException as exc:
-        await _failed(scope, exc)
+        await scope.close(*scope.fail(exc))
         raise
     return await _answer(scope, result)
 
@@ -167,9 +159,11 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
                 observer=scope.observer,
                 gate=scope.state.trackers.breakers.gate,
             )
+            scope.hold(rest)
             record.first_byte()
             wants_usage = req.stream_options is not None and req.stream_options.include_usage
             body = _raw_stream(scope, first, rest, wants_usage)
+            scope.hold(body)
             return Stream(body, media_type="text/event-stream", headers=sse_headers(record))
         result: RawResult = await _run(
             scope,
@@ -178,7 +172,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
             lambda t: cast(CompletionProvider, t.provider).complete(req, ctx(t, raw)),
         )
     except BaseException as exc:
-        await _failed(scope, exc)
+        await scope.close(*scope.fail(exc))
         raise
     return await _answer(scope, result)
 
@@ -190,7 +184,8 @@ async def _raw_stream(
     wants_usage: bool,
 ) -> AsyncIterator[bytes]:
     record = scope.record
-    status, error = CLIENT_CLOSED, None
+    status: int = CLIENT_CLOSED
+    error: GatewayError | None = None
     try:
         part: RawStreamPart | None = first
         while part is not None:
@@ -203,9 +198,10 @@ async def _raw_stream(
         await close_stream(rest)
         await scope.close(status)
         yield sse.DONE
-    except GatewayError as exc:
-        status, error = exc.status, exc
-        yield sse.error_frame(exc)
+    except Exception as exc:  # upstream failures and bugs alike end with an error event
+        status, error = scope.fail(exc)
+        assert error is not None
+        yield sse.error_frame(error)
     finally:
         await close_stream(rest)
         await scope.close(status, error)

@@ -1,6 +1,6 @@
 """One request's pass through the tenant and routing policies, shared by every endpoint.
 
-Order (DESIGN.md section 3): authenticate -> decode -> authorise the model -> plan (filters
+Order (docs/architecture.md, "One request"): authenticate -> decode -> authorise the model -> plan (filters
 and strategy; a request no target can serve fails here, before any quota is touched) ->
 quota reserve -> [response cache] -> wait for capacity if every eligible target is
 saturated -> execute -> settle the quota with real usage, commit the ledger row, log.
@@ -13,10 +13,12 @@ upstream or the client goes away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import structlog
 from litestar import Request
 
 from core.config_tenants import TenantConfig
@@ -31,12 +33,15 @@ from gateway.state import GatewayState
 from policies.pricing import cost_usd, estimate_cost
 from policies.quotas import Admission
 from policies.sticky import stable_prefix_hash
-from routers.executor import Trace
+from routers.executor import Trace, close_stream
 from routers.planner import Plan, plan_route
 from routers.sticky import prefer
 from routers.targets import Skipped, Target
 
 _rng = random.Random()
+_log = structlog.get_logger("switchyard")
+SCOPE_KEY = "switchyard.scope"  # where a request's Scope lives in the ASGI scope's state
+CLIENT_CLOSED = 499  # nginx's code: the client went away before the end
 
 
 def state_of(request: Request[Any, Any, Any]) -> GatewayState:
@@ -58,8 +63,11 @@ class Scope:
         self.observer = TrackerObserver(self.state.trackers)
         self._candidates: tuple[list[Target], list[Skipped], ChatRequest | None] = ([], [], None)
         self._sticky_hash: str | None = None
-        self._closed = False
+        self._admitting: asyncio.Task[Admission] | None = None
+        self._final: asyncio.Task[None] | None = None
+        self._held: list[AsyncIterator[Any]] = []
         self.state.in_flight.enter()
+        request.scope.setdefault("state", {})[SCOPE_KEY] = self  # for the edge's ``abandon``
 
     # -- before routing -------------------------------------------------------------------
 
@@ -166,9 +174,14 @@ class Scope:
         down and the tenant fails closed)."""
         first = plan.ordered[0] if plan.ordered else None
         cost = estimate_cost(first.price if first else None, est_prompt, est_output)
-        self.admission = await self.runtime.quotas.admit(
-            self.record.principal, est_prompt + est_output, cost, self.record.request_id
+        self._admitting = asyncio.create_task(
+            self.runtime.quotas.admit(
+                self.record.principal, est_prompt + est_output, cost, self.record.request_id
+            )
         )
+        # Shielded: a client that leaves while the store answers must not orphan a
+        # reservation that was made; ``close`` settles it.
+        self.admission = await asyncio.shield(self._admitting)
         self.record.extra_headers.update(self.admission.headers())
 
     async def prefer_sticky(self, plan: Plan, req: ChatRequest) -> None:
@@ -189,27 +202,78 @@ class Scope:
 
     # -- after ----------------------------------------------------------------------------
 
+    def fail(self, exc: BaseException) -> tuple[int, GatewayError | None]:
+        """The status and error a request that raised ``exc`` ends with: the error's own
+        status, 499 when the request was cancelled (the client left or the server is
+        shutting down), 500 for anything else (a bug: logged with its traceback)."""
+        if isinstance(exc, GatewayError):
+            exc.headers.update(self.record.extra_headers)
+            return exc.status, exc
+        if isinstance(exc, Exception):
+            _log.error("request.failed", request_id=self.record.request_id, exc_info=exc)
+            internal = GatewayError("The gateway hit an internal error; it has been logged.")
+            internal.code = "internal_error"
+            return 500, internal
+        return CLIENT_CLOSED, None
+
+    def hold(self, stream: AsyncIterator[Any]) -> None:
+        """Register an upstream stream (or the SSE body) that ``abandon`` must close if the
+        server never runs the body to its end (a client that left before it started)."""
+        self._held.append(stream)
+
+    async def abandon(self) -> None:
+        """Called by the edge after the response was sent or given up on: close what is
+        still open (the body generator's own cleanup closes the scope) and end the request
+        as 499 if nothing else did. Idempotent."""
+        for stream in reversed(self._held):
+            with contextlib.suppress(Exception):
+                await close_stream(stream)
+        self._held.clear()
+        await self.close(CLIENT_CLOSED)
+
     async def close(self, status: int, error: GatewayError | None = None) -> None:
         """Settle the quota with real usage, commit the ledger row (a request that was
-        never admitted has neither), write the log line. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        never admitted has neither), write the log line. Idempotent: the first call's
+        status counts.
+
+        The work runs in one task of its own, created before this method first awaits and
+        tracked by the state (shutdown waits for it): a request cancelled at any await
+        (client gone, server shutting down) still releases what admission took and writes
+        its row, on every store backend. Cancelling the caller does not cancel the task."""
+        if self._final is None:
+            self._final = self.state.track(self._finish(status, error))
+        await asyncio.shield(self._final)
+
+    async def _finish(self, status: int, error: GatewayError | None) -> None:
         record = self.record
         try:
-            if self.admission is not None:
+            admission = await self._admitted()
+            if admission is not None:
                 record.cost_usd = self._cost()
                 usage = record.usage
                 tokens = usage.total_tokens if usage and not record.cache_hit else 0
-                await self.runtime.quotas.settle(self.admission, tokens, record.cost_usd)
+                await self.runtime.quotas.settle(admission, tokens, record.cost_usd)
                 row = record.usage_row(status, error, self.state.clock.wall())
-                await _shielded(self.state.commit(row))
+                await self.state.ledger.append(row)
                 self._learn(status)
+        except Exception:
+            _log.exception("request.finish_failed", request_id=record.request_id)
+            raise
         finally:
             self.observer.release()
             self.state.queue.notify()
             record.finish(status, error)
             self.state.in_flight.leave()
+
+    async def _admitted(self) -> Admission | None:
+        """The admission, also when the request was cancelled while the store answered
+        (the reservation may have been made: it must be settled like any other)."""
+        if self.admission is None and self._admitting is not None:
+            try:
+                self.admission = await self._admitting
+            except GatewayError:
+                return None  # refused: nothing was reserved
+        return self.admission
 
     def _cost(self) -> float:
         served, usage = self.record.trace.served_by, self.record.usage
@@ -238,7 +302,3 @@ class Scope:
             self.state.spawn(self.state.sticky.remember(tenant, self._sticky_hash, served.label))
 
 
-async def _shielded(task: asyncio.Task[None]) -> None:
-    """Await a commit; if this request is cancelled meanwhile the commit still finishes
-    (the task is tracked by the state and awaited at shutdown)."""
-    await asyncio.shield(task)

@@ -13,7 +13,6 @@ import structlog
 
 from core.clock import Clock, SystemClock
 from core.config import Config, VllmProviderConfig
-from core.tenancy import UsageRow
 from gateway.health import Trackers
 from gateway.runtime import Progress, Runtime, Stores
 from local_tier.capacity import CapacityMonitor, ReplicaSpec
@@ -177,12 +176,13 @@ class GatewayState:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def commit(self, row: UsageRow) -> asyncio.Task[None]:
-        """Start committing ``row``; the task is shielded from the request's cancellation
-        (a client that goes away must not lose its row) and awaited again at shutdown."""
-        task = asyncio.create_task(self.ledger.append(row))
+    def track(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a request's closing work (settle, commit) as a task that the request's
+        cancellation does not reach and that shutdown waits for (never cancelled)."""
+        task = asyncio.create_task(work)
         self.in_flight.commits.add(task)
         task.add_done_callback(self.in_flight.commits.discard)
+        task.add_done_callback(_retrieve)  # its failure is logged by the work itself
         return task
 
     async def aclose(self) -> None:
@@ -200,6 +200,11 @@ class GatewayState:
         await self.ledger.aclose()
         await self.stores.aclose()
         await self.client.aclose()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _weights(config: Config) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The dependency direction of DESIGN.md: gateway -> {routers, policies, providers,
+"""The dependency direction of docs/architecture.md: gateway -> {routers, policies, providers,
 local_tier} -> core. providers, routers and policies never import each other; nothing
 imports gateway; core imports only the standard library and msgspec."""
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -52,7 +53,7 @@ from policies.quotas.checks import (
     rejection,
     ttl_for,
 )
-from policies.quotas.scripts import ADMIT, SETTLE
+from policies.quotas.scripts import ADMIT, PEEK, SETTLE
 from policies.quotas.windows import bounds
 from policies.store.base import Store, StoreUnavailableError, Value
 
@@ -190,6 +191,27 @@ class QuotaManager:
             self._logged_at = now
             _log.warning("quota.store_unavailable", tenant=tenant, fallback="local limits",
                          error=str(exc), degraded_admissions=self.degraded_admissions)
+
+    async def current(self, tenant: str, key_id: str | None = None) -> list[dict[str, Any]]:
+        """The tenant's (and, with ``key_id``, that key's) use of each of its limits right
+        now, read from the shared store without changing it: one entry per limit with
+        ``scope``, ``metric``, ``limit`` and ``used`` (live leases for concurrency; the
+        current window's counter otherwise). Empty for an unknown or unlimited tenant.
+        Raises ``StoreUnavailableError`` when the store is down."""
+        plan = self._plans.get(tenant)
+        if plan is None:
+            return []
+        now = self.store.now()
+        checks = self._checks(plan, key_id, 0, 0.0, now)
+        if not checks:
+            return []
+        reply = await self.store.run(PEEK, [c.key for c in checks],
+                                     [now, *(c.spec.kind for c in checks)])
+        return [
+            {"scope": c.spec.scope, "metric": c.spec.metric, "limit": c.spec.limit,
+             "used": float(u if isinstance(u, str) else u.decode())}
+            for c, u in zip(checks, reply, strict=True)
+        ]
 
     async def settle(self, admission: Admission, tokens: int, cost_usd: float) -> None:
         """Reconcile the reservation with real usage (``tokens`` = prompt + completion,

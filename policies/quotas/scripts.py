@@ -22,6 +22,10 @@ SETTLE KEYS: two per check: the window key reserved at admission, the current wi
        out capacity in a window it was never charged to). Kind ``c`` releases the lease.
        Returns 1.
 
+PEEK   KEYS: one per check.  ARGV: now, then per check: kind. Read-only: returns the usage of
+       each check as a string (live leases for kind ``c``, the counter otherwise; 0 for a
+       missing key).
+
 Both bodies compare with ``used + amount <= limit + 1e-9`` exactly as ``windows.fits`` does.
 """
 
@@ -99,6 +103,19 @@ for i = 1, #KEYS / 2 do
   end
 end
 return 1
+"""
+
+PEEK_LUA = """
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS do
+  if ARGV[1 + i] == 'c' then
+    out[i] = tostring(redis.call('ZCOUNT', KEYS[i], '(' .. now, '+inf'))
+  else
+    out[i] = tostring(tonumber(redis.call('GET', KEYS[i]) or '0'))
+  end
+end
+return out
 """
 
 
@@ -182,5 +199,20 @@ def settle_python(data: MemoryData, keys: Sequence[str], args: Sequence[Value], 
     return 1
 
 
+def peek_python(data: MemoryData, keys: Sequence[str], args: Sequence[Value], now: float) -> Any:
+    """The Python twin of ``PEEK_LUA``: reads only (expired leases are not counted)."""
+    del now
+    at = float(args[0])
+    out = []
+    for key, kind in zip(keys, args[1:], strict=True):
+        value = data.get(key)
+        if kind == "c":
+            out.append(str(sum(1 for until in (value or {}).values() if until > at)))
+        else:
+            out.append(str(value or 0))
+    return out
+
+
 ADMIT = Script("quota_admit", ADMIT_LUA, admit_python)
+PEEK = Script("quota_peek", PEEK_LUA, peek_python)
 SETTLE = Script("quota_settle", SETTLE_LUA, settle_python)

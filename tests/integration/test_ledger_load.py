@@ -179,8 +179,8 @@ def ledger_rows(world: World, ids: set[str], timeout_s: float = 20.0) -> list[Ro
     while True:
         text = export(world, "/admin/usage", ADMIN)
         rows = [json.loads(line) for line in text.splitlines() if line]
-        mine = [r for r in rows if r["request_id"] in ids]
-        if len({r["request_id"] for r in mine}) >= len(ids) or time.monotonic() > deadline:
+        mine = [r for r in rows if r["client_request_id"] in ids]
+        if len({r["client_request_id"] for r in mine}) >= len(ids) or time.monotonic() > deadline:
             return mine
         time.sleep(0.2)
 
@@ -197,24 +197,24 @@ async def test_one_row_per_request_under_load_with_exact_sums(world: World) -> N
     assert all(status == 200 for status, _ in answers)
 
     rows = ledger_rows(world, set(by_id))
-    counts = Counter(r["request_id"] for r in rows)
+    counts = Counter(r["client_request_id"] for r in rows)
     assert len(rows) == TOTAL and set(counts) == set(by_id), counts.most_common(3)
 
-    completed = [r for r in rows if not by_id[r["request_id"]].abandon]
-    abandoned = [r for r in rows if by_id[r["request_id"]].abandon]
+    completed = [r for r in rows if not by_id[r["client_request_id"]].abandon]
+    abandoned = [r for r in rows if by_id[r["client_request_id"]].abandon]
     assert len(abandoned) == TOTAL // ABANDON_EVERY
     assert {r["status"] for r in abandoned} == {499}
     assert {r["status"] for r in completed} == {200}
     for r in rows:
-        call = by_id[r["request_id"]]
+        call = by_id[r["client_request_id"]]
         assert (r["SubAccountId"], r["stream"]) == (call.tenant, call.stream)
     # m-count reports the last message's length as prompt tokens and 5 completion tokens.
     assert sum(r["prompt_tokens"] for r in completed) == sum(
-        len(by_id[r["request_id"]].text) for r in completed
+        len(by_id[r["client_request_id"]].text) for r in completed
     )
     assert sum(r["completion_tokens"] for r in completed) == COMPLETION_TOKENS * len(completed)
     for r in completed:
-        prompt = len(by_id[r["request_id"]].text)
+        prompt = len(by_id[r["client_request_id"]].text)
         assert (r["prompt_tokens"], r["completion_tokens"]) == (prompt, COMPLETION_TOKENS)
         assert r["BilledCost"] == pytest.approx(cost(prompt, COMPLETION_TOKENS), rel=1e-9)
     assert world.upstream.disconnects >= len(abandoned)  # really cut mid-stream upstream
