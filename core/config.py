@@ -133,6 +133,8 @@ class RoutingConfig(_Strict, frozen=True):
     max_retry_after_s: Annotated[float, Meta(ge=0)] = 2.0
     # the most Retry-After the gateway passes on to clients from its upstreams (seconds)
     max_client_retry_after_s: Annotated[float, Meta(gt=0)] = 60.0
+    # most answers one chat request may ask for (``n``); each is reserved in the quota
+    max_n: PositiveInt = 128
     retry_budget: RetryBudgetConfig = RetryBudgetConfig()
     breaker: BreakerConfig = BreakerConfig()
     queue: QueueConfig = QueueConfig()

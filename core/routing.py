@@ -15,6 +15,7 @@ class RouteRequest(Struct, frozen=True, kw_only=True):
     """The parts of a request that routing acts on.
 
     ``prompt_tokens`` is an estimate (characters / 4 before any tokenizer has seen it).
+    ``max_tokens`` bounds each of the ``n`` answers the request asks for.
     ``prefix_hashes`` are chained hashes of the prompt's leading blocks, oldest first: equal
     leading hashes mean an equal leading prefix. SLO fields are milliseconds.
     """
@@ -23,6 +24,7 @@ class RouteRequest(Struct, frozen=True, kw_only=True):
     tenant: str | None = None
     prompt_tokens: int = 0
     max_tokens: int | None = None
+    n: int = 1
     slo_ttft_ms: float | None = None
     slo_total_ms: float | None = None
     local_only: bool = False
@@ -31,9 +33,15 @@ class RouteRequest(Struct, frozen=True, kw_only=True):
     prefix_hashes: tuple[int, ...] = ()
 
     @property
-    def output_tokens(self) -> int:
-        """Expected output tokens for cost and latency predictions."""
+    def answer_tokens(self) -> int:
+        """Expected output tokens of one answer: ``max_tokens``, else 256."""
         return self.max_tokens if self.max_tokens is not None else 256
+
+    @property
+    def output_tokens(self) -> int:
+        """Expected output tokens of the whole request, all ``n`` answers: what admission
+        reserves and what cost predictions charge."""
+        return self.answer_tokens * self.n
 
 
 class TargetHealth(Struct, frozen=True, kw_only=True):
