@@ -53,6 +53,16 @@ _ERROR_TEXT = {
     504: "The upstream timed out",
 }
 _CALL_ERRORS = (400, 401, 403, 404, 413, 429, 502, 503, 504)
+# With `stream: true`: one schema per event (the reading OpenAPI 3.2 makes official and
+# tools already apply to 3.1 documents), since the stream as a whole is no JSON value.
+_SSE_EVENT = {
+    "type": "object",
+    "description": "One server-sent event. `data` is a JSON chunk (`chat.completion.chunk` "
+    "or `text_completion`), an OpenAI-shaped error when the stream fails after its first "
+    "byte, or `[DONE]` at the end.",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "required": ["data"],
+}
 
 
 # ---------------------------------------------------------------- documentation-only shapes
@@ -162,7 +172,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Create a chat completion (JSON, or SSE chunks with `stream: true`)",
         "inference",
         "tenant",
-        {_JSON: ChatResponse, _SSE: {"type": "string"}},
+        {_JSON: ChatResponse, _SSE: _SSE_EVENT},
         _CALL_ERRORS,
         body=ChatRequest,
         params=(_REQUEST_ID,),
@@ -171,7 +181,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Create a legacy text completion (JSON, or SSE with `stream: true`)",
         "inference",
         "tenant",
-        {_JSON: TextCompletion, _SSE: {"type": "string"}},
+        {_JSON: TextCompletion, _SSE: _SSE_EVENT},
         _CALL_ERRORS,
         body=CompletionRequest,
         params=(_REQUEST_ID,),
