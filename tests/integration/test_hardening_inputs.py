@@ -168,3 +168,15 @@ def test_duplicate_keys_are_served_with_the_last_value(gateway: Gateway, fake: F
     body = b'{"model":"nope","model":"chat","messages":[{"role":"user","content":"hi"}]}'
     answer = post(gateway, "/chat/completions", body)
     assert answer.status_code == 200, answer.text
+
+
+def test_a_too_deep_body_leaves_one_log_line_and_no_traceback(
+    gateway: Gateway, capfd: pytest.CaptureFixture[str]
+) -> None:
+    capfd.readouterr()
+    post(gateway, "/chat/completions", body_with_extra("/chat/completions", nested_array(100_000)))
+    out, err = capfd.readouterr()
+    lines = [line for line in (out + err).splitlines() if "request." in line]
+    assert len(lines) == 1, lines
+    assert "status=400" in lines[0] or '"status": 400' in lines[0]
+    assert "Traceback" not in out + err and "RecursionError" not in out + err
