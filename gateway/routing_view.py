@@ -10,7 +10,7 @@ from core.config import ModelConfig, RoutingConfig
 from core.config_tenants import TenantConfig
 from core.errors import InvalidRequestError
 from core.routing import RouteRequest
-from core.wire import ChatRequest, TextPart
+from core.wire import ChatRequest, CompletionRequest, TextPart
 from routers.prefix import prefix_hashes, prompt_text
 
 SLO_HEADER = "x-switchyard-slo-ttft-ms"
@@ -37,13 +37,24 @@ def estimate_prompt_tokens(req: ChatRequest) -> int:
     return chars // _CHARS_PER_TOKEN + _TOKENS_PER_MESSAGE * len(req.messages)
 
 
-def checked_n(req: ChatRequest, max_n: int) -> int:
+def checked_n(req: ChatRequest | CompletionRequest, max_n: int) -> int:
     """How many answers ``req`` asks for (``n``, default 1); a 400 naming ``n`` above
     ``max_n`` (the value is not echoed: it may have thousands of digits)."""
     n = req.n or 1
     if n > max_n:
         raise InvalidRequestError(f"'n' must be at most {max_n}", param="n")
     return n
+
+
+def completion_output_tokens(req: CompletionRequest, max_n: int = DEFAULT_MAX_N) -> int:
+    """What a legacy completions request may generate, for its admission: ``max_tokens``
+    (else 256) for each of its ``n`` answers; the same 400s as a chat request."""
+    if req.max_tokens is not None and req.max_tokens > MAX_OUTPUT_TOKENS:
+        raise InvalidRequestError(
+            f"'max_tokens' must be at most {MAX_OUTPUT_TOKENS}", param="max_tokens"
+        )
+    per_answer = req.max_tokens if req.max_tokens is not None else 256
+    return per_answer * checked_n(req, max_n)
 
 
 def checked_output_limit(req: ChatRequest) -> int | None:

@@ -9,8 +9,8 @@ import pytest
 from core.config import ModelConfig, RoutingConfig, TargetConfig
 from core.errors import InvalidRequestError
 from core.routing import RouteRequest
-from core.wire import ChatRequest, Message
-from gateway.routing_view import MAX_OUTPUT_TOKENS, route_request
+from core.wire import ChatRequest, CompletionRequest, Message
+from gateway.routing_view import MAX_OUTPUT_TOKENS, completion_output_tokens, route_request
 
 MODEL = ModelConfig(targets=[TargetConfig(provider="oa", model="m")])
 
@@ -68,3 +68,19 @@ def test_an_output_limit_beyond_any_model_is_400(name: str, value: int) -> None:
 
 def test_an_output_limit_at_the_bound_is_kept() -> None:
     assert route(chat(max_tokens=MAX_OUTPUT_TOKENS)).max_tokens == MAX_OUTPUT_TOKENS
+
+
+def completion(**fields: object) -> CompletionRequest:
+    return CompletionRequest(model="c", prompt="hi", **fields)  # type: ignore[arg-type]
+
+
+def test_completions_reserve_for_every_answer_too() -> None:
+    assert completion_output_tokens(completion()) == 256
+    assert completion_output_tokens(completion(max_tokens=100, n=60)) == 6000
+    assert completion_output_tokens(completion(max_tokens=0)) == 0
+    for fields, param in [({"n": 129}, "n"), ({"max_tokens": 10**400}, "max_tokens")]:
+        with pytest.raises(InvalidRequestError) as info:
+            completion_output_tokens(completion(**fields))
+        assert info.value.param == param
+    with pytest.raises(InvalidRequestError):
+        completion_output_tokens(completion(n=9), max_n=8)
