@@ -119,10 +119,27 @@ class ModelConfig(_Strict, frozen=True):
 
 
 class ServerConfig(_Strict, frozen=True):
+    """The HTTP server. The connection fields (from ``header_timeout_s`` on) are read once
+    at start by ``switchyard serve`` (gateway/server.py); a reload does not change them."""
+
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     watch_config: bool = True  # reload the policy file when it changes
     watch_interval_s: PositiveFloat = 1.0
     drain_timeout_s: PositiveFloat = 30.0  # graceful shutdown waits this long for requests
+    # Total time from a connection's open (or a request's first byte) to the end of the
+    # request's headers: a socket that sends nothing, or a header line every few seconds,
+    # is closed (408 if it had begun a request).
+    header_timeout_s: PositiveFloat = 10.0
+    # Idle time allowed between two requests on one connection; longer than the 5 s after
+    # which httpx (the OpenAI SDK) stops reusing a pooled connection, so that the server is
+    # never the side that closes a connection the client is about to reuse.
+    keep_alive_timeout_s: PositiveFloat = 15.0
+    # How long a response write may stay blocked by a client that does not read; then the
+    # connection is aborted and the request ends as a disconnect (499), freeing its slot.
+    send_timeout_s: PositiveFloat = 30.0
+    max_header_bytes: PositiveInt = 32 * 1024  # request line + headers; 431 above it
+    max_connections: PositiveInt = 1000  # open connections; one more gets 503 and is closed
+    backlog: PositiveInt = 2048  # the listening socket's accept queue
 
 
 class RoutingConfig(_Strict, frozen=True):

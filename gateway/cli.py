@@ -24,8 +24,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from gateway import server
     from gateway.app import create_app
     from gateway.observe import configure_logging
 
@@ -47,17 +46,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     app = create_app(config, progress=_progress)
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=30,
-    )
-    return 0
+    # Timeouts and limits on connections (server.header_timeout_s ...): gateway/server.py.
+    started = server.run(app, config.server, args.host, args.port)
+    return 0 if started else 3  # uvicorn's exit code when it cannot start
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
