@@ -1,5 +1,9 @@
 """An app factory for ASGI servers started from the outside (granian, gunicorn+uvicorn):
-``granian --interface asgi --factory gateway.asgi:app_from_env``. Reads $SWITCHYARD_CONFIG."""
+``granian --interface asgi --factory gateway.asgi:app_from_env``. Reads $SWITCHYARD_CONFIG.
+
+The connection fields of ``server:`` (header and keep-alive timeouts, header size, connection
+cap, send timeout) apply only to ``switchyard serve`` (gateway/server.py): under another
+server, set its own equivalents, or slow and idle clients hold connections without bound."""
 
 from __future__ import annotations
 
