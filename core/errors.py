@@ -10,6 +10,7 @@
     ├── RateLimitError               429  the gateway's own limits (quotas, admission queue)
     ├── ServiceUnavailableError      503  shared state unreachable (fail closed), draining
     ├── NoTargetAvailableError       503  every target was skipped before a call
+    ├── ClientClosedError            499  the client left while its request was being read
     ├── AllTargetsFailedError        429 | 502 | 504, from the failures it collects
     └── ProviderError                a call to one upstream failed
         ├── UpstreamTimeoutError     504  fallback_ok
@@ -97,6 +98,14 @@ class ServiceUnavailableError(GatewayError):
     status = 503
     type = "server_error"
     code = "service_unavailable"
+
+
+class ClientClosedError(GatewayError):
+    """The client went away before its request was read (nginx's 499): nobody gets the
+    answer; the status is for the log line."""
+
+    status = 499
+    type = "client_closed"
 
 
 class NoTargetAvailableError(GatewayError):

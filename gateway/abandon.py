@@ -34,7 +34,8 @@ from gateway.pipeline import SCOPE_KEY
 class _Exchange:
     """One HTTP exchange as the middleware sees it."""
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
+        self._scope = scope
         self._receive = receive
         self._send = send
         self._task = asyncio.current_task()
@@ -60,6 +61,9 @@ class _Exchange:
         if watcher.cancelled() or watcher.exception() is not None:
             return
         gone = watcher.result()["type"] == "http.disconnect"
+        request_scope = _request_scope(self._scope)
+        if gone and request_scope is not None:
+            request_scope.client_gone = True
         if gone and not self.started and not self.finished and self._task is not None:
             self.cancelled_by_us = True
             self._task.cancel()
@@ -77,7 +81,7 @@ def finish_abandoned(app: ASGIApp) -> ASGIApp:
         if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
-        exchange = _Exchange(receive, send)
+        exchange = _Exchange(scope, receive, send)
         try:
             await app(scope, exchange.receive, exchange.send)
         except asyncio.CancelledError:
@@ -94,8 +98,13 @@ def finish_abandoned(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-async def _abandon(scope: ASGIScope) -> None:
+def _request_scope(scope: ASGIScope) -> Any:
+    """The pipeline's ``Scope`` of this request, if its handler made one."""
     state: Any = scope.get("state")
-    request_scope = state.get(SCOPE_KEY) if isinstance(state, dict) else None
+    return state.get(SCOPE_KEY) if isinstance(state, dict) else None
+
+
+async def _abandon(scope: ASGIScope) -> None:
+    request_scope = _request_scope(scope)
     if request_scope is not None:
         await request_scope.abandon()

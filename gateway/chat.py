@@ -33,7 +33,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     record = scope.record
     try:
         scope.authenticate()
-        raw = await request.body()
+        raw = await scope.read_body(request)
         req = decode_chat(raw)
         record.stream = req.stream
         scope.authorize(req.model)
@@ -128,6 +128,8 @@ async def _stream_body(
         if framed is not None:
             yield framed
         async for part in rest:
+            if scope.client_gone:
+                return  # ends as 499 in ``finally``; closes the upstream
             framed = _encode_part(part, record, wants_usage, collected)
             if framed is not None:
                 yield framed

@@ -24,6 +24,7 @@ from gateway import sse
 from gateway.chat import sse_headers
 from gateway.errors import decode_body
 from gateway.pipeline import CLIENT_CLOSED, Scope
+from gateway.routing_view import completion_output_tokens
 from gateway.state import GatewayState
 from routers.executor import close_stream
 from routers.planner import Plan
@@ -117,7 +118,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
     scope = Scope(request, "embeddings")
     try:
         scope.authenticate()
-        raw = await request.body()
+        raw = await scope.read_body(request)
         req = decode_body(_embedding_decoder, raw)
         scope.authorize(req.model)
         plan = scope.plan_other(req.model, EmbeddingProvider, "embeddings", _estimate(raw), 0)
@@ -141,13 +142,14 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     record = scope.record
     try:
         scope.authenticate()
-        raw = await request.body()
+        raw = await scope.read_body(request)
         req: CompletionRequest = decode_body(_completion_decoder, raw)
         record.stream = req.stream
         scope.authorize(req.model)
         est = _estimate(raw)
+        output = completion_output_tokens(req, scope.runtime.config.routing.max_n)
         plan = scope.plan_other(req.model, CompletionProvider, "completions", est, req.max_tokens)
-        await scope.admit(plan, est, req.max_tokens or 256)
+        await scope.admit(plan, est, output)
         ctx = record.call_context
         if req.stream:
             plan = await scope.wait_for_capacity(plan)
@@ -188,12 +190,14 @@ async def _raw_stream(
     error: GatewayError | None = None
     try:
         part: RawStreamPart | None = first
-        while part is not None:
+        while part is not None and not scope.client_gone:
             if part.usage is not None:
                 record.usage = part.usage
             if part.has_choices or wants_usage:
                 yield sse.frame(part.data)
             part = await anext(rest, None)
+        if scope.client_gone:
+            return  # ends as 499 in ``finally``; closes the upstream
         status = 200
         await close_stream(rest)
         await scope.close(status)

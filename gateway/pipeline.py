@@ -1,9 +1,10 @@
 """One request's pass through the tenant and routing policies, shared by every endpoint.
 
-Order (docs/architecture.md, "One request"): authenticate -> decode -> authorise the model -> plan (filters
-and strategy; a request no target can serve fails here, before any quota is touched) ->
-quota reserve -> [response cache] -> wait for capacity if every eligible target is
-saturated -> execute -> settle the quota with real usage, commit the ledger row, log.
+Order (docs/architecture.md, "One request"): authenticate -> decode -> authorise the model
+-> plan (filters and strategy; a request no target can serve fails here, before any quota
+is touched) -> quota reserve -> [response cache] -> wait for capacity if every eligible
+target is saturated -> execute -> settle the quota with real usage, commit the ledger row,
+log.
 
 Nothing is charged for a request that fails before its reservation (bad input, auth, 404,
 quota); every request that was admitted leaves exactly one ledger row, also when it fails
@@ -20,9 +21,10 @@ from typing import Any
 
 import structlog
 from litestar import Request
+from litestar.exceptions import InternalServerException
 
 from core.config_tenants import TenantConfig
-from core.errors import GatewayError, InvalidRequestError
+from core.errors import ClientClosedError, GatewayError, InvalidRequestError
 from core.routing import RouteRequest
 from core.wire import ChatRequest
 from gateway.context import RequestRecord
@@ -66,10 +68,20 @@ class Scope:
         self._admitting: asyncio.Task[Admission] | None = None
         self._final: asyncio.Task[None] | None = None
         self._held: list[AsyncIterator[Any]] = []
+        self.client_gone = False  # set by the edge when the client disconnects
         self.state.in_flight.enter()
         request.scope.setdefault("state", {})[SCOPE_KEY] = self  # for the edge's ``abandon``
 
     # -- before routing -------------------------------------------------------------------
+
+    @staticmethod
+    async def read_body(request: Request[Any, Any, Any]) -> bytes:
+        """The request body; ``ClientClosedError`` (499) when the client left while it was
+        being read (Litestar reports that as a 500, which would read as a bug)."""
+        try:
+            return await request.body()
+        except InternalServerException as exc:
+            raise ClientClosedError("The client closed the connection mid-request.") from exc
 
     def authenticate(self) -> None:
         """401 unless the credentials name a tenant (or the gateway is open)."""
@@ -95,6 +107,7 @@ class Scope:
             self.headers,
             tenant_name=self.record.principal.tenant,
             with_prefix=any(t.local for t in targets),
+            max_n=self.runtime.config.routing.max_n,
         )
         self._candidates = (targets, skipped, req)
         return self._plan(targets, skipped, req)

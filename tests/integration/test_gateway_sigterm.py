@@ -157,11 +157,11 @@ def test_sigterm_drains_and_keeps_every_completed_row(tmp_path: Path, upstream: 
     assert code == 0, log
 
     rows = read_ledger(tmp_path / "usage.sqlite3")
-    ids = Counter(row.request_id for row in rows)
+    ids = Counter(row.client_request_id for row in rows)
     assert ids and max(ids.values()) == 1  # no row twice
     sent = {rid for o in outcomes.values() for rid in o.sent}
     assert set(ids) <= sent
-    by_id = {row.request_id: row for row in rows}
+    by_id = {row.client_request_id: row for row in rows}
     done = [rid for o in outcomes.values() for rid in o.complete]
     missing = [rid for rid in done if rid not in by_id]
     assert not missing, (missing[:5], log)

@@ -92,7 +92,7 @@ def usage_rows(world: World) -> dict[str, dict[str, Any]]:
     )
     assert answer.status_code == 200, answer.text
     rows = [json.loads(line) for line in answer.text.splitlines() if line]
-    return {row["request_id"]: row for row in rows}
+    return {row["client_request_id"]: row for row in rows}
 
 
 def test_repeat_is_a_hit_also_replayed_as_a_stream(world: World) -> None:

@@ -158,11 +158,11 @@ def assert_within_bound(served: list[dict[str, Any]], texts: dict[str, str]) -> 
     """Each row costs what its usage says; the rows' total is at most the budget plus
     the sum of max(0, actual - estimate) over them."""
     for r in served:
-        assert r["BilledCost"] == pytest.approx(actual(UNDER, texts[r["request_id"]]))
+        assert r["BilledCost"] == pytest.approx(actual(UNDER, texts[r["client_request_id"]]))
     committed = sum(r["BilledCost"] for r in served)
     excess = sum(
         max(0.0, actual(UNDER, text) - estimate(UNDER, text))
-        for text in (texts[r["request_id"]] for r in served)
+        for text in (texts[r["client_request_id"]] for r in served)
     )
     assert committed <= UNDER_BUDGET + excess + 1e-9, (committed, excess)
 
