@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from core.wire import ChatChunk, ChatResponse, Usage
@@ -27,7 +25,9 @@ response_decoder = msgspec.json.Decoder(ChatResponse)
 chunk_decoder = msgspec.json.Decoder(ChatChunk)
 usage_decoder = msgspec.json.Decoder(_UsageOnly)
 _error_decoder = msgspec.json.Decoder(_ErrorBody)
-_dict_decoder = msgspec.json.Decoder(dict[str, Any])
+# Top-level fields as raw JSON: the rewrite touches three of them, and the rest go upstream
+# byte for byte (numbers a float cannot hold, e.g. 1e309, included) without being parsed.
+_fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encoder = msgspec.json.Encoder()
 
 
@@ -49,14 +49,20 @@ def rewrite_body(
     traffic better. Every other field goes to the upstream untouched, also fields the
     gateway does not know.
     """
-    body = _dict_decoder.decode(raw)
-    body["model"] = model
-    if prompt_cache_key is not None and body.get("prompt_cache_key") is None:
-        body["prompt_cache_key"] = prompt_cache_key
+    body = _fields_decoder.decode(raw)
+    body["model"] = msgspec.Raw(_encoder.encode(model))
+    if prompt_cache_key is not None and _is_null(body.get("prompt_cache_key")):
+        body["prompt_cache_key"] = msgspec.Raw(_encoder.encode(prompt_cache_key))
     if force_usage:
-        options = body.get("stream_options") or {}
-        body["stream_options"] = {**options, "include_usage": True}
+        given = body.get("stream_options")
+        options = {} if given is None or _is_null(given) else _fields_decoder.decode(given)
+        options["include_usage"] = msgspec.Raw(b"true")
+        body["stream_options"] = msgspec.Raw(_encoder.encode(options))
     return _encoder.encode(body)
+
+
+def _is_null(value: msgspec.Raw | None) -> bool:
+    return value is None or bytes(value) == b"null"  # msgspec's Raw holds no whitespace
 
 
 def is_error_payload(data: bytes) -> bool:
