@@ -104,6 +104,11 @@ class StreamOptions(Struct, omit_defaults=True):
 
 
 PositiveInt = Annotated[int, Meta(ge=1)]
+# Request fields the gateway forwards but does not compute with still get bounds: an
+# unbounded integer or name would travel to upstreams and logs at any size a client picks.
+ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 UnitFloat = Annotated[float, Meta(ge=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
@@ -112,7 +117,7 @@ Penalty = Annotated[float, Meta(ge=-2, le=2)]
 class ChatRequest(Struct, omit_defaults=True):
     """The fields of a chat request the gateway acts on or converts for other vendors."""
 
-    model: str
+    model: ModelName
     messages: Annotated[list[Message], Meta(min_length=1)]
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -125,8 +130,8 @@ class ChatRequest(Struct, omit_defaults=True):
     max_completion_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: UnitFloat | None = None
-    top_k: PositiveInt | None = None
-    seed: int | None = None
+    top_k: Count | None = None
+    seed: Int64 | None = None
     n: PositiveInt | None = None
     user: str | None = None
     presence_penalty: Penalty | None = None
@@ -149,7 +154,7 @@ class ChatRequest(Struct, omit_defaults=True):
 class CompletionRequest(Struct, omit_defaults=True):
     """Routing view of a legacy ``/v1/completions`` request (forwarded raw)."""
 
-    model: str
+    model: ModelName
     prompt: str | list[str | int | list[int]]
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -157,15 +162,15 @@ class CompletionRequest(Struct, omit_defaults=True):
     temperature: Temperature | None = None
     top_p: UnitFloat | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     n: PositiveInt | None = None
 
 
 class EmbeddingRequest(Struct, omit_defaults=True):
-    model: str
+    model: ModelName
     input: str | list[str | int | list[int]]
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: PositiveInt | None = None
+    dimensions: Count | None = None
     user: str | None = None
 
     def input_texts(self) -> list[str] | None:

@@ -53,7 +53,8 @@ def total_s(req: RouteRequest, health: TargetHealth, z: float = 0.0) -> float | 
     first = ttft_tail_s(req, health, z)
     if first is None:
         return None
-    return first + (health.tpot_s or 0.0) * req.output_tokens
+    # The n answers of one request decode side by side: the time is one answer's.
+    return first + (health.tpot_s or 0.0) * req.answer_tokens
 
 
 def cost_usd(req: RouteRequest, target: Target) -> float | None:
