@@ -239,11 +239,13 @@ class SqliteLedger:
     ) -> AsyncIterator[UsageRow]:
         """Matching rows ordered by (ts, request_id), ``page_rows`` per query."""
         conn = await asyncio.to_thread(connect, self.path, reader=True)
+        fetch: asyncio.Future[list[tuple[Any, ...]]] | None = None
         try:
             after: tuple[float, str] | None = None
             while True:
                 query, args = page_query(tenant, start, end, after, self.page_rows)
-                page = await asyncio.to_thread(_fetch, conn, query, args)
+                fetch = asyncio.ensure_future(asyncio.to_thread(_fetch, conn, query, args))
+                page = await asyncio.shield(fetch)  # done only when the thread is
                 for values in page:
                     yield _decode(values)
                 if len(page) < self.page_rows:
@@ -251,17 +253,18 @@ class SqliteLedger:
                 last = page[-1]
                 after = (last[_TS], last[_ID])
         finally:
-            await asyncio.to_thread(conn.close)
+            _close_when_idle(conn, fetch)
 
     async def oldest(self, limit: int) -> list[UsageRow]:
         """The ``limit`` oldest rows, ordered by (ts, request_id), read in one query."""
         conn = await asyncio.to_thread(connect, self.path, reader=True)
+        query, args = page_query(None, None, None, None, limit)
+        fetch = asyncio.ensure_future(asyncio.to_thread(_fetch, conn, query, args))
         try:
-            query, args = page_query(None, None, None, None, limit)
-            page = await asyncio.to_thread(_fetch, conn, query, args)
-            return [_decode(values) for values in page]
+            page = await asyncio.shield(fetch)  # done only when the thread is
         finally:
-            await asyncio.to_thread(conn.close)
+            _close_when_idle(conn, fetch)
+        return [_decode(values) for values in page]
 
     async def delete(self, request_ids: Sequence[str]) -> int:
         """Remove the rows with these request_ids in one synced transaction; ids that are
@@ -321,6 +324,22 @@ def page_query(
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     query = f"SELECT {', '.join(COLUMNS)} FROM usage{clause} ORDER BY ts, request_id LIMIT ?"
     return query, [*args, limit]
+
+
+def _close_when_idle(conn: sqlite3.Connection, fetch: asyncio.Future[Any] | None) -> None:
+    """Close a reader connection, but only once no query runs on it: a reader cancelled
+    mid-query (a client that left an export) leaves its query running in a worker thread,
+    and closing the connection under it crashes the process (a use-after-free in SQLite)."""
+    if fetch is None or fetch.done():
+        conn.close()
+        return
+
+    def close(done: asyncio.Future[Any]) -> None:
+        if not done.cancelled():
+            done.exception()  # nobody awaits it any more: retrieved here, not logged
+        conn.close()
+
+    fetch.add_done_callback(close)
 
 
 def _fetch(conn: sqlite3.Connection, query: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
