@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import msgspec
@@ -31,6 +31,7 @@ from core.errors import ModelNotFoundError
 from core.protocols import Provider, Timeouts
 from policies.auth import Authenticator
 from policies.quotas import QuotaManager
+from policies.quotas.releases import PendingReleases
 from policies.store.base import Store
 from routers.executor import Executor
 from routers.strategies import Strategy, build_strategy
@@ -43,10 +44,12 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class Stores:
     """The shared store (memory or Redis) and this replica's own memory store, which
-    fail-open quotas fall back to while the shared one is unreachable."""
+    fail-open quotas fall back to while the shared one is unreachable; ``releases`` holds
+    the concurrency leases a failed settle left behind (it outlives reloads)."""
 
     shared: Store
     local: Store
+    releases: PendingReleases = field(default_factory=PendingReleases)
 
     async def aclose(self) -> None:
         await self.shared.aclose()
@@ -128,7 +131,9 @@ class Runtime:
         clock = clock or SystemClock()
         self.executor = Executor(config.routing)
         self.auth = Authenticator(config, self.env, clock)
-        self.quotas = QuotaManager(config.tenants, stores.shared, stores.local, clock)
+        self.quotas = QuotaManager(
+            config.tenants, stores.shared, stores.local, clock, releases=stores.releases
+        )
         self.strategies: dict[str, Strategy] = {
             alias: build_strategy(model.strategy) for alias, model in config.models.items()
         }

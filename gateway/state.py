@@ -139,6 +139,17 @@ class GatewayState:
         start_ledger = getattr(self.ledger, "start", None)
         if start_ledger is not None:  # replays rows a previous run spooled during an outage
             await start_ledger()
+        self.spawn(self._release_leases())
+
+    async def _release_leases(self) -> None:
+        """Retry the lease releases that failed settles left behind, every
+        ``state.redis.retry_interval_s`` (a memory store never leaves any)."""
+        interval = self.runtime.config.state.redis.retry_interval_s
+        releases = self.stores.releases
+        while True:
+            await asyncio.sleep(interval)
+            if len(releases):
+                await releases.retry()
 
     async def _start(self) -> None:
         try:

@@ -53,11 +53,16 @@ from policies.quotas.checks import (
     rejection,
     ttl_for,
 )
+from policies.quotas.releases import PendingReleases
 from policies.quotas.scripts import ADMIT, PEEK, SETTLE
 from policies.quotas.windows import bounds
 from policies.store.base import Store, StoreUnavailableError, Value
 
 _log = structlog.get_logger("switchyard.quotas")
+
+
+def _lease_keys(checks: tuple[Check, ...]) -> list[str]:
+    return [c.key for c in checks if c.spec.kind == "c"]
 
 
 def _usd(value: float) -> float:
@@ -111,6 +116,7 @@ class QuotaManager:
         lease_s: float = 600.0,
         unavailable_retry_after_s: float = 1.0,
         log_every_s: float = 10.0,
+        releases: PendingReleases | None = None,
     ) -> None:
         self.store = store
         self.fallback = fallback
@@ -118,6 +124,8 @@ class QuotaManager:
         self.lease_s = lease_s
         self.unavailable_retry_after_s = unavailable_retry_after_s
         self.log_every_s = log_every_s
+        # Leases a failed settle could not release; shared across reloads by the caller.
+        self.releases = releases if releases is not None else PendingReleases()
         self._plans = {name: plan_for(name, cfg) for name, cfg in tenants.items()}
         self._logged_at: float | None = None
         self.degraded_admissions = 0  # admissions decided on the fallback store
@@ -172,7 +180,13 @@ class QuotaManager:
             spec = check.spec
             amount: Value = int(check.amount) if spec.kind == "n" else repr(check.amount)
             args += [spec.kind, repr(spec.limit), amount, repr(ttl_for(spec, now, self.lease_s))]
-        reply = await store.run(ADMIT, [c.key for c in checks], args)
+        try:
+            reply = await store.run(ADMIT, [c.key for c in checks], args)
+        except StoreUnavailableError:
+            # A timed-out ADMIT may still run when the store wakes up (a hung Redis
+            # executes what it had buffered): release its lease too, idempotently.
+            self.releases.add(store, ask.request_id, _lease_keys(checks))
+            raise
         used = tuple(float(u) for u in reply[1:])
         if int(reply[0]) != 1:
             raise rejection(checks, used, now, ask.tenant, ask.key_id)
@@ -217,7 +231,8 @@ class QuotaManager:
         """Reconcile the reservation with real usage (``tokens`` = prompt + completion,
         ``cost_usd``) and release the concurrency lease, on the store that admitted.
         Idempotent: only the first call counts. Never raises; store errors are logged and
-        counted (the lease then expires by itself)."""
+        counted, and the concurrency lease is queued in ``releases`` to be released when the
+        store answers again (``PendingReleases.retry``)."""
         store = admission.store
         if admission.settled or store is None:
             return
@@ -230,8 +245,11 @@ class QuotaManager:
                 await store.run(SETTLE, keys, args)
         except Exception as exc:  # settle must never fail the request it belongs to
             self.settle_failures += 1
+            leases = _lease_keys(admission.checks)
+            self.releases.add(store, admission.request_id, leases)
             _log.warning("quota.settle_failed", tenant=admission.tenant,
-                         request_id=admission.request_id, error=repr(exc))
+                         request_id=admission.request_id, error=repr(exc),
+                         lease_release="retried" if leases else "none")
 
     def _settle_args(self, admission: Admission, now: float,
                      actual: dict[str, float]) -> tuple[list[str], list[Value]]:
