@@ -114,6 +114,9 @@ UnitFloat = Annotated[float, Meta(ge=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+
+
 class ChatRequest(Struct, omit_defaults=True):
     """The fields of a chat request the gateway acts on or converts for other vendors."""
 
@@ -136,6 +139,9 @@ class ChatRequest(Struct, omit_defaults=True):
     user: str | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    # OpenAI's knob for reasoning models. OpenAI-compatible upstreams get it from the raw
+    # bytes; the Anthropic and Gemini adapters map it to their thinking budgets.
+    reasoning_effort: ReasoningEffort | None = None
 
     def output_limit(self) -> int | None:
         """The client's cap on generated tokens (``max_completion_tokens`` wins)."""
@@ -188,29 +194,53 @@ class PromptTokensDetails(Struct, omit_defaults=True):
     cache_creation_tokens: int | None = None
 
 
+class CompletionTokensDetails(Struct, omit_defaults=True):
+    """OpenAI's breakdown of ``completion_tokens``: the part spent on hidden reasoning.
+
+    ``reasoning_tokens`` is already counted in ``completion_tokens`` (it is billed as output),
+    so nothing adds it again."""
+
+    reasoning_tokens: int = 0
+
+
 class Usage(Struct, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
     @property
     def cached_tokens(self) -> int:
         return self.prompt_tokens_details.cached_tokens if self.prompt_tokens_details else 0
 
+    @property
+    def reasoning_tokens(self) -> int:
+        """Reasoning tokens within ``completion_tokens`` (0 when the upstream did not say)."""
+        details = self.completion_tokens_details
+        return details.reasoning_tokens if details else 0
 
-def make_usage(prompt: int, completion: int, cached: int = 0, created: int | None = None) -> Usage:
-    """Usage with ``total_tokens`` filled in and cache details only when they say something."""
+
+def make_usage(
+    prompt: int, completion: int, cached: int = 0, created: int | None = None, reasoning: int = 0
+) -> Usage:
+    """Usage with ``total_tokens`` filled in and details only when they say something.
+
+    ``completion`` must already include ``reasoning`` (OpenAI's convention)."""
     details = None
     if cached or created:
         details = PromptTokensDetails(cached_tokens=cached, cache_creation_tokens=created)
-    return Usage(prompt, completion, prompt + completion, details)
+    completion_details = CompletionTokensDetails(reasoning) if reasoning else None
+    return Usage(prompt, completion, prompt + completion, details, completion_details)
 
 
 class AssistantMessage(Struct, omit_defaults=True, tag_field="role", tag="assistant"):
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     refusal: str | None = None
+    # Thinking text, as vLLM, DeepSeek and OpenRouter put it in chat completions (not OpenAI's
+    # own field: OpenAI does not return reasoning text in this API).
+    reasoning_content: str | None = None
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
@@ -249,6 +279,7 @@ class Delta(Struct, omit_defaults=True):
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
     refusal: str | None = None
+    reasoning_content: str | None = None  # streamed thinking text (see AssistantMessage)
 
 
 class ChunkChoice(Struct):
