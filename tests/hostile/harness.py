@@ -25,6 +25,7 @@ import httpx
 
 from policies.auth import KeysFile
 from tests.fixtures.fake_openai import FakeOpenAI
+from tests.fixtures.fake_replica import Replica
 from tests.fixtures.server import serve
 from tests.integration.processes import GatewayProcess
 
@@ -89,12 +90,17 @@ class World:
                 return used
             time.sleep(0.2)
 
+    def queue_depth(self) -> int:
+        answer = self.admin_get("/admin/targets")
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["queue"]["depth"])
+
     def log(self) -> str:
         return self.gateway.log_path.read_text()[-4000:]
 
 
-def config_text(world_dir: Path, upstream_url: str, backend: str, redis_url: str | None,
-                tenants: str, extra: str = "") -> str:
+def config_text(world_dir: Path, upstream_url: str, replica_url: str, backend: str,
+                redis_url: str | None, tenants: str, extra: str = "") -> str:
     state = (
         f'state: {{backend: redis, redis: {{url: "{redis_url}", key_prefix: "hostile:"}}}}'
         if backend == "redis"
@@ -110,7 +116,12 @@ tenants:
 ledger: {{path: {world_dir / "usage.sqlite3"}, spool_path: {world_dir / "spool.sqlite3"}}}
 providers:
   oa: {{type: openai, base_url: "{upstream_url}/v1", api_key_env: H_OA, first_token_timeout_s: 30}}
+  replica:
+    type: vllm
+    base_url: "{replica_url}/v1"
+    saturation: {{poll_interval_s: 0.05, max_waiting: 0, stale_after_s: 5}}
 models:
+  queued: {{queue_deadline_s: 30, targets: [{{provider: replica, model: m-local}}]}}
   count: {{targets: [{{provider: oa, model: m-count}}]}}
   slow: {{targets: [{{provider: oa, model: m-slow}}]}}
   slowstream: {{targets: [{{provider: oa, model: m-slow-stream}}]}}
@@ -129,16 +140,19 @@ def hostile_world(folder: Path, backend: str, redis_url: str | None, tenants: di
     keys = {name: keys_file.create(name, "hostile")[0] for name in tenants}
     upstream = FakeOpenAI()
     upstream.slow_seconds = slow_seconds
+    replica = Replica()  # saturated: requests for ``queued`` wait in the admission queue
     tenant_lines = "\n".join(f"  {name}: {spec}" for name, spec in tenants.items())
     with ExitStack() as stack:
         up = stack.enter_context(serve(upstream))
+        local = stack.enter_context(serve(replica))
         path = folder / "gateway.yaml"
-        path.write_text(config_text(folder, up.url, backend, redis_url, tenant_lines, extra))
+        text = config_text(folder, up.url, local.url, backend, redis_url, tenant_lines, extra)
+        path.write_text(text)
         env = {"H_ADMIN": ADMIN, "H_OA": "sk-upstream"}
         gateway = GatewayProcess(path, env, folder / "gateway.log")
         stack.callback(gateway.kill)
         gateway.start()
-        yield World(gateway, upstream, keys, backend, folder)
+        yield World(gateway, upstream, keys, backend, folder, {"replica": replica})
 
 
 def inside_one_minute(needed_s: float) -> None:

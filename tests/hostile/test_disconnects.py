@@ -1,8 +1,9 @@
 """Disconnect storms on both store backends (issue 10, defect 1 and its class).
 
 Clients leave at every point a request can be at: mid-stream after a chunk, while the
-gateway waits for the upstream's first byte (streamed and not), and while it falls back
-from a failing target to the next. Afterwards: every admitted request has exactly one
+gateway waits for the upstream's first byte (streamed and not), while it falls back from a
+failing target to the next, and while it waits in the admission queue for a saturated
+local replica. Afterwards: every admitted request has exactly one
 ledger row (499 for those whose client left), every concurrency lease is back, the token
 counter holds exactly the rows' tokens, and the tenant is not locked out. The upstream
 sees its calls cancelled (the gateway does not keep working for a client that left).
@@ -84,7 +85,8 @@ async def storm(world: World) -> tuple[set[str], set[str]]:
     Returns (ids of requests whose client left, ids of completed requests)."""
     async with httpx.AsyncClient(base_url=world.gateway.url, timeout=30.0) as client:
         leaving = [leave_mid_stream(client, world, "storm") for _ in range(STORM)]
-        for model, stream in (("slow", True), ("slow", False), ("fallback", False)):
+        ways = (("slow", True), ("slow", False), ("fallback", False), ("queued", True))
+        for model, stream in ways:
             leaving += [
                 leave_before_first_byte(client, world, "storm", model, stream)
                 for _ in range(STORM)
@@ -112,6 +114,7 @@ async def test_disconnect_storm_leaves_one_row_each_and_no_lease(world: World) -
     assert used["concurrency"] == 0, (used, world.log())
     assert used["requests"] == len(rows)
     assert used["tokens"] == tokens_of(rows)  # every reservation settled to real usage
+    assert world.queue_depth() == 0  # the queued ones left the queue with their clients
     # The gateway cancelled its upstream calls: mid-stream ones saw the disconnect, the
     # slow ones were cut before answering (no more than the storm's upstream calls).
     assert world.upstream.disconnects >= STORM

@@ -11,52 +11,21 @@ concurrent waiter gets 429 with Retry-After at once.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fixtures.asgi import Scope, send_bytes
-from tests.fixtures.fake_openai import FakeOpenAI
+from tests.fixtures.fake_replica import Replica
 from tests.fixtures.server import serve
 from tests.integration.gateway_harness import Gateway, running_gateway
 
 ADMIN = "sy-admin-queue-0123456789abcdef"
 LABEL = "replica/m-local"
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-BUSY = (FIXTURES / "vllm_metrics_busy.txt").read_text()
-# The same page with nothing running or waiting (the counters stay where they were, so the
-# gateway does not take the flip for a worker restart).
-IDLE = re.sub(
-    r"^(vllm:num_requests_(?:running|waiting)(?:_by_reason)?\{[^}]*\}) \S+$",
-    r"\1 0.0",
-    BUSY,
-    flags=re.MULTILINE,
-)
-
-
-class Replica:
-    """A local replica: ``/metrics`` from ``busy``, everything else to the fake OpenAI."""
-
-    def __init__(self) -> None:
-        self.busy = True
-        self.chat = FakeOpenAI()
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/metrics":
-            page = BUSY if self.busy else IDLE
-            await send_bytes(send, 200, page.encode(), {"content-type": "text/plain"})
-            return
-        await self.chat(scope, receive, send)
-
-    def calls(self) -> int:
-        return sum(1 for r in self.chat.requests if r.path.endswith("/chat/completions"))
 
 
 @dataclass
