@@ -17,9 +17,18 @@ Request rules (what the client sends -> what Anthropic gets):
   (Anthropic's range is 0..1), json_schema together with client tools, audio/file parts.
   ``seed``, ``presence_penalty`` and ``frequency_penalty`` have no Anthropic equivalent and are
   dropped, as Anthropic's own OpenAI-compatible endpoint does.
+- ``reasoning_effort`` -> ``thinking`` with a budget (``providers.anthropic.thinking``, which
+  also adjusts ``max_tokens`` and the sampling knobs Anthropic forbids with thinking).
 - Prompt-cache breakpoints (``cache_control``) are added to the encoded body by
   ``providers.anthropic.cache_control``; ``build_located`` tells it where each client
   message's blocks landed.
+
+Response rules: ``text`` blocks -> ``content``; ``thinking`` blocks -> ``reasoning_content``
+(several are joined by a blank line); ``tool_use`` -> ``tool_calls``. ``redacted_thinking``
+(encrypted, no text) and thinking signatures are not text a client can read and the
+canonical form has no place to carry them back, so they are dropped. Usage: Anthropic counts
+thinking in ``output_tokens`` and reports no separate figure, so ``reasoning_tokens`` stays
+unset rather than estimated.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from core.wire import (
     make_usage,
 )
 from providers.anthropic import wire
+from providers.anthropic.thinking import apply_thinking
 
 JSON_OBJECT_INSTRUCTION = (
     "Respond with a single valid JSON object and nothing else: no prose, no code fences."
@@ -52,6 +62,7 @@ JSON_OBJECT_INSTRUCTION = (
 EMPTY_SCHEMA: dict[str, object] = {"type": "object", "properties": {}}
 
 Role = Literal["user", "assistant"]
+THINKING_SEPARATOR = "\n\n"  # between thinking blocks (interleaved thinking has several)
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -97,6 +108,7 @@ def build_located(
         tool_choice=tool_choice,
         stream=stream,
     )
+    body = apply_thinking(body, req.reasoning_effort, req.output_limit(), default_max_tokens)
     return body, ends
 
 
@@ -344,10 +356,13 @@ def to_chat_response(
 ) -> ChatResponse:
     """The OpenAI response for an Anthropic message (``created`` is supplied by the caller)."""
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
     for block in msg.content:
         if block.type == "text":
             texts.append(block.text or "")
+        elif block.type == "thinking":
+            thoughts.append(block.thinking or "")
         elif block.type == "tool_use":
             if block.id is None or block.name is None:
                 raise UpstreamMalformedError(
@@ -360,7 +375,9 @@ def to_chat_response(
             else:
                 calls.append(ToolCall(id=block.id, function=FunctionCall(block.name, arguments)))
     message = AssistantMessage(
-        content="".join(texts) if texts or not calls else None, tool_calls=calls or None
+        content="".join(texts) if texts or not calls else None,
+        tool_calls=calls or None,
+        reasoning_content=THINKING_SEPARATOR.join(thoughts) if thoughts else None,
     )
     choice = Choice(0, message, finish_reason(msg.stop_reason, json_tool))
     return ChatResponse(

@@ -5,6 +5,10 @@ Anthropic's sequence is ``message_start``, then per content block ``content_bloc
 cumulative usage) and ``message_stop``; ``ping`` may come anywhere and ``error`` may replace
 the rest. OpenAI's sequence is a role chunk, content / tool-call deltas, a finish chunk and,
 when asked for, a usage chunk with no choices.
+
+``thinking`` blocks stream as ``reasoning_content`` deltas (a later thinking block starts with
+a blank line, as ``convert.to_chat_response`` joins them); ``signature_delta`` and
+``redacted_thinking`` blocks carry no readable text and are skipped.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from core.wire import (
     ToolCallDelta,
 )
 from providers.anthropic import wire
-from providers.anthropic.convert import finish_reason, to_usage
+from providers.anthropic.convert import THINKING_SEPARATOR, finish_reason, to_usage
 
-BlockKind = Literal["text", "json", "skip"] | int
-"""How one content block streams: as text, as the json_schema answer (text), not at all
-(thinking and other kinds), or as the OpenAI tool call with this index."""
+BlockKind = Literal["text", "json", "thinking", "skip"] | int
+"""How one content block streams: as text, as the json_schema answer (text), as reasoning
+text, not at all (redacted thinking and other kinds), or as the OpenAI tool call with this
+index."""
 
 _STREAM_ERRORS: dict[str, type[ProviderError]] = {
     "overloaded_error": UpstreamServerError,
@@ -75,6 +80,7 @@ class StreamConverter:
         self.stop_reason: str | None = None
         self._blocks: dict[int, BlockKind] = {}
         self._calls = 0
+        self._thinking_blocks = 0
         self._handlers: dict[str, Callable[[str], list[ChatChunk]]] = {
             "message_start": self._message_start,
             "content_block_start": self._block_start,
@@ -117,6 +123,8 @@ class StreamConverter:
         if block.type == "text":
             self._blocks[event.index] = "text"
             return [self._chunk(Delta(content=block.text))] if block.text else []
+        if block.type == "thinking":
+            return self._thinking_start(event.index, block.thinking or "")
         if block.type != "tool_use":
             self._blocks[event.index] = "skip"
             return []
@@ -132,6 +140,13 @@ class StreamConverter:
         first = ToolCallDelta(index=call, id=block.id, type="function", function=function)
         return [self._chunk(Delta(tool_calls=[first]))]
 
+    def _thinking_start(self, index: int, text: str) -> list[ChatChunk]:
+        self._blocks[index] = "thinking"
+        self._thinking_blocks += 1
+        if self._thinking_blocks > 1:
+            text = THINKING_SEPARATOR + text
+        return [self._chunk(Delta(reasoning_content=text))] if text else []
+
     def _block_delta(self, data: str) -> list[ChatChunk]:
         event = wire.block_delta_decoder.decode(data)
         kind = self._blocks.get(event.index)
@@ -140,8 +155,12 @@ class StreamConverter:
         delta = event.delta
         if delta.type == "text_delta" and kind == "text" and delta.text:
             return [self._chunk(Delta(content=delta.text))]
+        if delta.type == "thinking_delta" and kind == "thinking" and delta.thinking:
+            return [self._chunk(Delta(reasoning_content=delta.thinking))]
         if delta.type != "input_json_delta" or not delta.partial_json:
-            return []  # thinking, signatures, citations, and empty pieces carry nothing here
+            # signature_delta (opaque, only meaningful when sent back to Anthropic, which the
+            # canonical form cannot do), citations and empty pieces carry nothing here
+            return []
         if kind == "json":
             return [self._chunk(Delta(content=delta.partial_json))]
         if isinstance(kind, int):

@@ -2,8 +2,8 @@
 
 Request types are encoded (``omit_defaults`` keeps absent options off the wire); response and
 stream types are decoded leniently: block and delta ``type`` is a plain string so block kinds
-this adapter does not convert (``thinking``, ``server_tool_use`` ...) decode and are skipped
-instead of failing the whole answer.
+this adapter does not convert (``redacted_thinking``, ``server_tool_use`` ...) decode and are
+skipped instead of failing the whole answer.
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ class Metadata(Struct):
     user_id: str
 
 
+class ThinkingParam(Struct, tag="enabled", tag_field="type"):
+    """Extended thinking: ``budget_tokens`` >= 1024 and below ``max_tokens``."""
+
+    budget_tokens: int
+
+
 class MessagesRequest(Struct, omit_defaults=True):
     """The body of ``POST /v1/messages``."""
 
@@ -83,16 +89,19 @@ class MessagesRequest(Struct, omit_defaults=True):
     metadata: Metadata | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingParam | None = None
     stream: bool = False
 
 
 # ---------------------------------------------------------------- response
 class ResponseBlock(Struct):
-    """One content block of an answer: ``text`` carries ``text``; ``tool_use`` carries
-    ``id``, ``name`` and ``input``; other kinds are decoded and ignored."""
+    """One content block of an answer: ``text`` carries ``text``; ``thinking`` carries
+    ``thinking`` (its ``signature`` is not kept); ``tool_use`` carries ``id``, ``name`` and
+    ``input``; other kinds are decoded and ignored."""
 
     type: str
     text: str | None = None
+    thinking: str | None = None
     id: str | None = None
     name: str | None = None
     input: JSONObject | None = None
@@ -127,11 +136,13 @@ class ContentBlockStart(Struct):
 
 
 class BlockDelta(Struct):
-    """``text_delta`` carries ``text``; ``input_json_delta`` carries ``partial_json``."""
+    """``text_delta`` carries ``text``; ``input_json_delta`` carries ``partial_json``;
+    ``thinking_delta`` carries ``thinking`` (``signature_delta`` is decoded and ignored)."""
 
     type: str
     text: str | None = None
     partial_json: str | None = None
+    thinking: str | None = None
 
 
 class ContentBlockDelta(Struct):

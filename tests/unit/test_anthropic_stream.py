@@ -127,13 +127,45 @@ def test_json_schema_tool_streams_as_text() -> None:
     ]
 
 
-def test_thinking_blocks_are_skipped() -> None:
-    thinking = [ev("content_block_start", index=0,
-                   content_block={"type": "thinking", "thinking": ""}),
-                ev("content_block_delta", index=0,
-                   delta={"type": "thinking_delta", "thinking": "hmm"}),
+def thinking_block(index: int, *pieces: str, signature: str = "EqQBCgIYAhIM") -> list[
+    tuple[str, str]
+]:
+    """Anthropic's exact thinking block: an empty start, thinking_delta pieces, then one
+    signature_delta before the stop."""
+    return [ev("content_block_start", index=index,
+               content_block={"type": "thinking", "thinking": ""}),
+            *[ev("content_block_delta", index=index,
+                 delta={"type": "thinking_delta", "thinking": p}) for p in pieces],
+            ev("content_block_delta", index=index,
+               delta={"type": "signature_delta", "signature": signature}),
+            ev("content_block_stop", index=index)]
+
+
+def test_thinking_streams_as_reasoning_content_and_signatures_are_skipped() -> None:
+    events = [START, *thinking_block(0, "Let me think", " step by step."),
+              *text_block(1, "Hi"), *end("end_turn")]
+    assert deltas(run(events))[1:] == [
+        ({"reasoning_content": "Let me think"}, None),
+        ({"reasoning_content": " step by step."}, None),
+        ({"content": "Hi"}, None),
+        ({}, "stop"),
+    ]
+
+
+def test_later_thinking_blocks_start_with_a_blank_line() -> None:
+    # interleaved thinking: thinking, tool call, thinking again (joined like the JSON answer)
+    events = [START, *thinking_block(0, "first"),
+              *tool_block(1, "toolu_a", "get_weather", "{}"),
+              *thinking_block(2, "second"), *text_block(3, "Done"), *end("end_turn")]
+    reasoning = [d["reasoning_content"] for d, _ in deltas(run(events)) if "reasoning_content" in d]
+    assert reasoning == ["first", "\n\n", "second"]  # the separator comes at the block start
+
+
+def test_redacted_thinking_blocks_are_skipped() -> None:
+    redacted = [ev("content_block_start", index=0,
+                   content_block={"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}),
                 ev("content_block_stop", index=0)]
-    chunks = run([START, *thinking, *text_block(1, "Hi"), *end("end_turn")])
+    chunks = run([START, *redacted, *text_block(1, "Hi"), *end("end_turn")])
     assert deltas(chunks)[1:] == [({"content": "Hi"}, None), ({}, "stop")]
 
 
