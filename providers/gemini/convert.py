@@ -8,7 +8,14 @@ Rules (Gemini's own constraints in parentheses):
   the extension (default ``image/jpeg``); ``input_audio`` and ``file`` data URLs -> inlineData;
 - a tool result names its function by the earlier assistant tool call with the same id
   (Gemini matches results by name, so call ids are not sent);
-- tool parameters and response schemas lose the JSON-Schema keys Gemini rejects (``schema``).
+- tool parameters and response schemas lose the JSON-Schema keys Gemini rejects (``schema``);
+- ``reasoning_effort`` -> ``thinkingConfig``: ``thinkingBudget`` minimal 512, low 1024,
+  medium 8192, high 24576 (Google's own OpenAI-compatible endpoint maps low/medium/high to
+  1K/8K/24K; 512 is the smallest budget every 2.5 model accepts), with ``includeThoughts`` so
+  thought summaries come back; ``none`` -> budget 0 (thinking off; Gemini 2.5 Pro cannot turn
+  it off and answers 400, which the client then sees). Without an effort nothing is sent and
+  the model thinks as it likes. ``maxOutputTokens`` already counts thinking (as OpenAI's
+  limits count reasoning tokens), so the client's limit is sent unchanged.
 
 Requests Gemini cannot express raise ``InvalidRequestError`` naming the offending field.
 """
@@ -29,6 +36,7 @@ from core.wire import (
     ImagePart,
     Message,
     NamedToolChoice,
+    ReasoningEffort,
     ResponseFormat,
     TextPart,
 )
@@ -45,6 +53,7 @@ from providers.gemini.wire import (
     GenerateContentRequest,
     GenerationConfig,
     Part,
+    ThinkingConfig,
     ToolConfig,
 )
 
@@ -62,6 +71,13 @@ _IMAGE_TYPES = {
 _DEFAULT_IMAGE_TYPE = "image/jpeg"
 _AUDIO_TYPES = {"wav": "audio/wav", "mp3": "audio/mp3"}
 _JSON = "application/json"
+THINKING_BUDGETS: dict[ReasoningEffort, int] = {
+    "none": 0,
+    "minimal": 512,
+    "low": 1024,
+    "medium": 8192,
+    "high": 24576,
+}
 
 
 def to_gemini_request(req: ChatRequest) -> GenerateContentRequest:
@@ -280,5 +296,16 @@ def _generation_config(req: ChatRequest) -> GenerationConfig | None:
         frequency_penalty=req.frequency_penalty,
         response_mime_type=mime,
         response_schema=schema,
+        thinking_config=thinking_config(req.reasoning_effort),
     )
     return None if config == GenerationConfig() else config
+
+
+def thinking_config(effort: ReasoningEffort | None) -> ThinkingConfig | None:
+    """``thinkingConfig`` for ``effort`` (see the module docstring); None without one."""
+    if effort is None:
+        return None
+    budget = THINKING_BUDGETS[effort]
+    # Thought summaries only exist when the model thinks; asking for them with budget 0
+    # would say nothing.
+    return ThinkingConfig(thinking_budget=budget, include_thoughts=True if budget else None)

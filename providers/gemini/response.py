@@ -1,13 +1,17 @@
 """Gemini answers -> OpenAI shapes (pure): chat responses, embeddings, error bodies.
 
-- text parts are concatenated into ``content`` (``thought`` parts are reasoning summaries,
-  not the answer, and are left out); ``functionCall`` parts become ``tool_calls`` with the
-  part's ``id`` or ``call_<n>`` (n counts calls within the choice, so ids are deterministic);
+- text parts are concatenated into ``content``; ``thought: true`` parts are thought
+  summaries, not the answer, and are concatenated into ``reasoning_content`` instead (their
+  thought signatures are opaque and not kept); ``functionCall`` parts become ``tool_calls``
+  with the part's ``id`` or ``call_<n>`` (n counts calls within the choice, so ids are
+  deterministic);
 - finish reasons: STOP -> stop (tool_calls when the turn called functions), MAX_TOKENS ->
   length, safety-style reasons -> content_filter, anything else -> stop; a prompt blocked
   before generation (``promptFeedback.blockReason``, no candidates) -> content_filter, "";
-- usage: completion tokens include thinking tokens (``thoughtsTokenCount``), which Google
-  bills as output.
+- usage: completion tokens include thinking tokens (``thoughtsTokenCount``, which Google
+  bills as output but leaves out of ``candidatesTokenCount``), and they are also reported as
+  ``completion_tokens_details.reasoning_tokens`` (a part of completion tokens, as in OpenAI's
+  usage, so cost counts them once).
 """
 
 from __future__ import annotations
@@ -75,8 +79,14 @@ def finish_reason(raw: str | None, called_functions: bool) -> FinishReason:
 def usage_of(meta: UsageMetadata | None) -> Usage | None:
     if meta is None:
         return None
-    completion = meta.candidates_token_count + meta.thoughts_token_count
-    return make_usage(meta.prompt_token_count, completion, cached=meta.cached_content_token_count)
+    thoughts = meta.thoughts_token_count
+    completion = meta.candidates_token_count + thoughts
+    return make_usage(
+        meta.prompt_token_count,
+        completion,
+        cached=meta.cached_content_token_count,
+        reasoning=thoughts,
+    )
 
 
 def tool_call(part_id: str | None, name: str, args: object, number: int) -> ToolCall:
@@ -86,7 +96,7 @@ def tool_call(part_id: str | None, name: str, args: object, number: int) -> Tool
 
 
 def read_parts(parts: list[Part]) -> tuple[str, list[ToolCall]]:
-    """The answer text and the tool calls in one candidate's parts."""
+    """The answer text and the tool calls in one candidate's parts (thoughts left out)."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     for part in parts:
@@ -100,11 +110,19 @@ def read_parts(parts: list[Part]) -> tuple[str, list[ToolCall]]:
     return "".join(texts), calls
 
 
+def read_thoughts(parts: list[Part]) -> str | None:
+    """The thought-summary text in one candidate's parts, or None when there is none."""
+    thoughts = [part.text for part in parts if part.thought and part.text]
+    return "".join(thoughts) if thoughts else None
+
+
 def _choice(candidate: Candidate) -> Choice:
     content = candidate.content or Content()
     text, calls = read_parts(content.parts)
     message = AssistantMessage(
-        content=text if text or not calls else None, tool_calls=calls or None
+        content=text if text or not calls else None,
+        tool_calls=calls or None,
+        reasoning_content=read_thoughts(content.parts),
     )
     reason = finish_reason(candidate.finish_reason, bool(calls))
     return Choice(index=candidate.index, message=message, finish_reason=reason)

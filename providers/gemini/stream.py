@@ -5,7 +5,8 @@ every candidate. Per choice the output follows OpenAI's order: a role chunk (con
 content / tool-call deltas, then an empty delta with the finish reason; after the stream, a
 ``choices: []`` usage chunk when the client asked for one. Gemini sends a function call whole
 in one event, so each call becomes a header delta (id, name, arguments "") and one delta with
-all of its arguments. A stream that ends before every started choice saw a ``finishReason``
+all of its arguments. ``thought: true`` parts (thought summaries) become ``reasoning_content``
+deltas. A stream that ends before every started choice saw a ``finishReason``
 was cut off and is reported as malformed.
 """
 
@@ -100,6 +101,8 @@ class StreamConverter:
         index = candidate.index
         for part in candidate.content.parts if candidate.content else []:
             if part.thought:
+                if part.text:
+                    chunks.append(self._chunk(index, Delta(reasoning_content=part.text)))
                 continue
             if part.text:
                 chunks.append(self._chunk(index, Delta(content=part.text)))

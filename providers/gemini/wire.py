@@ -86,6 +86,14 @@ class ToolConfig(_Camel):
     function_calling_config: FunctionCallingConfig
 
 
+class ThinkingConfig(_Camel):
+    """``thinkingBudget``: thinking tokens allowed (0 turns thinking off where the model
+    allows it); ``includeThoughts``: return thought summaries as ``thought`` parts."""
+
+    thinking_budget: int | None = None
+    include_thoughts: bool | None = None
+
+
 class GenerationConfig(_Camel):
     temperature: float | None = None
     top_p: float | None = None
@@ -98,6 +106,7 @@ class GenerationConfig(_Camel):
     frequency_penalty: float | None = None
     response_mime_type: str | None = None
     response_schema: JSONObject | None = None
+    thinking_config: ThinkingConfig | None = None
 
 
 class GenerateContentRequest(_Camel):

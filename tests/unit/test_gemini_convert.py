@@ -348,7 +348,7 @@ def test_json_modes_set_mime_type_and_schema() -> None:
 
 
 # ---------------------------------------------------------------- responses
-def test_text_parts_concatenate_and_thoughts_are_left_out() -> None:
+def test_text_parts_concatenate_and_thoughts_become_reasoning() -> None:
     out = respond(
         {
             "candidates": [
@@ -376,10 +376,9 @@ def test_text_parts_concatenate_and_thoughts_are_left_out() -> None:
         }
     )
     assert (out.id, out.created, out.model) == ("abc", 5, "gemini-2.0-flash-001")
-    assert out.choices == [
-        Choice(index=0, message=AssistantMessage(content="Hello"), finish_reason="stop")
-    ]
-    assert out.usage == make_usage(3, 6, cached=1)
+    message = AssistantMessage(content="Hello", reasoning_content="thinking...")
+    assert out.choices == [Choice(index=0, message=message, finish_reason="stop")]
+    assert out.usage == make_usage(3, 6, cached=1, reasoning=4)
 
 
 def test_function_calls_become_tool_calls_with_deterministic_ids() -> None:
