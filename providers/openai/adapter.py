@@ -73,13 +73,13 @@ class OpenAIProvider(HttpProvider):
         body = self._body(ctx, req, stream=False, cache_key=True)
         body = await self._post("/chat/completions", body, ctx)
         with mapped_errors(self.name):
-            return ChatResult(wire.response_decoder.decode(body), raw=body)
+            return ChatResult(wire.decode_response(body), raw=body)
 
     async def stream_chat(self, req: ChatRequest, ctx: CallContext) -> AsyncIterator[StreamPart]:
         body = self._body(ctx, req, stream=True, cache_key=True)
         async for data in self._stream("/chat/completions", body, ctx):
             with mapped_errors(self.name):
-                chunk = wire.chunk_decoder.decode(data)
+                chunk = wire.decode_chunk(data)
             yield StreamPart(chunk, raw=data)
 
     async def complete(self, req: CompletionRequest, ctx: CallContext) -> RawResult:

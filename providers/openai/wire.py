@@ -1,4 +1,12 @@
-"""OpenAI-compatible wire helpers: error bodies and the request rewrite for passthrough."""
+"""OpenAI-compatible wire helpers: error bodies, the request rewrite for passthrough, and the
+decoding of answers into the canonical types.
+
+Reasoning text: DeepSeek (and older vLLM) send ``reasoning_content``, which the
+canonical ``AssistantMessage`` / ``Delta`` carry as such; current vLLM, OpenRouter and
+gpt-oss servers send ``reasoning`` instead, which is copied into ``reasoning_content`` so
+that codecs for other dialects see it either way. The raw bytes forwarded to chat clients are
+not touched. ``usage.completion_tokens_details.reasoning_tokens`` decodes into ``Usage``.
+"""
 
 from __future__ import annotations
 
@@ -21,14 +29,63 @@ class _UsageOnly(msgspec.Struct):
     choices: list[msgspec.Raw] | None = None
 
 
+class _Reasoning(msgspec.Struct):
+    reasoning: str | None = None
+
+
+class _ReasoningChoice(msgspec.Struct):
+    message: _Reasoning | None = None
+    delta: _Reasoning | None = None
+
+
+class _ReasoningBody(msgspec.Struct):
+    choices: list[_ReasoningChoice] = []
+
+
 response_decoder = msgspec.json.Decoder(ChatResponse)
 chunk_decoder = msgspec.json.Decoder(ChatChunk)
+_reasoning_decoder = msgspec.json.Decoder(_ReasoningBody)
+# Inside a JSON string a quote is escaped, so this only matches a key (or a bare string
+# value, which costs one more decode and finds nothing).
+_REASONING_KEY = b'"reasoning"'
 usage_decoder = msgspec.json.Decoder(_UsageOnly)
 _error_decoder = msgspec.json.Decoder(_ErrorBody)
 # Top-level fields as raw JSON: the rewrite touches three of them, and the rest go upstream
 # byte for byte (numbers a float cannot hold, e.g. 1e309, included) without being parsed.
 _fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encoder = msgspec.json.Encoder()
+
+
+def decode_response(body: bytes) -> ChatResponse:
+    """A chat completion, with ``reasoning`` moved into ``reasoning_content`` (see above)."""
+    response = response_decoder.decode(body)
+    for choice, found in zip(response.choices, _reasoning_of(body), strict=False):
+        text = found.message.reasoning if found.message else None
+        if text and choice.message.reasoning_content is None:
+            choice.message.reasoning_content = text
+    return response
+
+
+def decode_chunk(data: bytes) -> ChatChunk:
+    """A stream chunk, with ``delta.reasoning`` moved into ``reasoning_content``."""
+    chunk = chunk_decoder.decode(data)
+    for choice, found in zip(chunk.choices, _reasoning_of(data), strict=False):
+        text = found.delta.reasoning if found.delta else None
+        if text and choice.delta.reasoning_content is None:
+            choice.delta.reasoning_content = text
+    return chunk
+
+
+def _reasoning_of(body: bytes) -> list[_ReasoningChoice]:
+    """The ``reasoning`` fields per choice; none when the body has no such key (the common
+    case: one substring scan) or uses it in a shape that is not a string (left alone: it is
+    an optional extra, never a reason to fail an answer)."""
+    if _REASONING_KEY not in body:
+        return []
+    try:
+        return _reasoning_decoder.decode(body).choices
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
 
 
 def read_error(body: bytes) -> tuple[str, str | None]:
