@@ -171,7 +171,10 @@ def test_documents() -> None:
             "title": "spec.pdf",
             "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
         },
-        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}},
+        {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": "notes"},
+        },
     ]
     req = decode(messages=[{"role": "user", "content": content}])
     assert req.messages[0].content == [
@@ -184,9 +187,18 @@ def test_documents() -> None:
     ("block", "param"),
     [
         ({"type": "image"}, "messages.0.content.0.source"),
-        ({"type": "image", "source": {"type": "file", "file_id": "f"}}, "messages.0.content.0.source"),
-        ({"type": "image", "source": {"type": "base64", "data": PNG}}, "messages.0.content.0.source"),
-        ({"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}, "messages.0.content.0.source"),
+        (
+            {"type": "image", "source": {"type": "file", "file_id": "f"}},
+            "messages.0.content.0.source",
+        ),
+        (
+            {"type": "image", "source": {"type": "base64", "data": PNG}},
+            "messages.0.content.0.source",
+        ),
+        (
+            {"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}},
+            "messages.0.content.0.source",
+        ),
         ({"type": "text"}, "messages.0.content.0.text"),
         ({"type": "search_result", "title": "t"}, "messages.0.content.0.type"),
         ({"type": "tool_use", "id": "t", "name": "n", "input": {}}, "messages.0.content.0.type"),
@@ -206,7 +218,12 @@ def tool_turns(result: dict[str, Any], *extra: dict[str, Any]) -> list[dict[str,
             "role": "assistant",
             "content": [
                 {"type": "text", "text": "Let me check."},
-                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris", "days": [1, 2]}},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "weather",
+                    "input": {"city": "Paris", "days": [1, 2]},
+                },
             ],
         },
         {"role": "user", "content": [result, *extra]},
@@ -231,7 +248,10 @@ def test_tool_use_becomes_tool_calls() -> None:
 def test_tool_use_without_text() -> None:
     messages = [
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "noargs", "input": {}}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "noargs", "input": {}}],
+        },
     ]
     assistant = decode(messages=messages).messages[1]
     assert assistant.content is None
@@ -289,7 +309,10 @@ def test_tool_result_needs_its_id() -> None:
         ({"type": "tool_use", "id": "t", "input": {}}, "messages.1.content.0.name"),
         ({"type": "tool_use", "id": "t", "name": "n", "input": [1]}, "messages.1.content.0.input"),
         ({"type": "image", "source": {"type": "url", "url": "u"}}, "messages.1.content.0.type"),
-        ({"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}, "messages.1.content.0.type"),
+        (
+            {"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}},
+            "messages.1.content.0.type",
+        ),
     ],
 )
 def test_bad_assistant_blocks(block: dict[str, Any], param: str) -> None:
@@ -312,26 +335,41 @@ def test_thinking_blocks_of_earlier_turns_are_dropped() -> None:
         {"role": "user", "content": "more"},
     ]
     req = decode(messages=messages)
-    assert req.messages == [Message("user", "q"), Message("assistant", "answer"), Message("user", "more")]
+    assert req.messages == [
+        Message("user", "q"),
+        Message("assistant", "answer"),
+        Message("user", "more"),
+    ]
 
 
 def test_assistant_turn_of_only_thinking_disappears() -> None:
     messages = [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"}],
+        },
     ]
     assert decode(messages=messages).messages == [Message("user", "q")]
 
 
 def test_assistant_prefill_string() -> None:
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer is ("}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "The answer is ("},
+    ]
     assert decode(messages=messages).messages[1] == Message("assistant", "The answer is (")
 
 
 # ---------------------------------------------------------------- tools and tool_choice
 def test_tools_become_function_tools() -> None:
     tools = [
-        {"name": "search", "description": "Search.", "input_schema": SCHEMA, "cache_control": {"type": "ephemeral"}},
+        {
+            "name": "search",
+            "description": "Search.",
+            "input_schema": SCHEMA,
+            "cache_control": {"type": "ephemeral"},
+        },
         {"type": "custom", "name": "noop", "input_schema": {"type": "object"}},
     ]
     req = decode(tools=tools)
@@ -372,7 +410,11 @@ def test_tool_needs_input_schema() -> None:
         ({"type": "tool", "name": "search"}, NamedToolChoice(ToolChoiceFunction("search")), None),
         ({"type": "auto", "disable_parallel_tool_use": True}, "auto", False),
         ({"type": "any", "disable_parallel_tool_use": True}, "required", False),
-        ({"type": "tool", "name": "search", "disable_parallel_tool_use": True}, NamedToolChoice(ToolChoiceFunction("search")), False),
+        (
+            {"type": "tool", "name": "search", "disable_parallel_tool_use": True},
+            NamedToolChoice(ToolChoiceFunction("search")),
+            False,
+        ),
         ({"type": "auto", "disable_parallel_tool_use": False}, "auto", None),
     ],
 )
@@ -388,16 +430,16 @@ def test_tool_choice_without_tools_is_dropped() -> None:
     assert req.tool_choice is None and req.tools is None
 
 
-@pytest.mark.parametrize(
-    "choice", [{"type": "tool"}, {"type": "tool", "name": "other"}]
-)
+@pytest.mark.parametrize("choice", [{"type": "tool"}, {"type": "tool", "name": "other"}])
 def test_tool_choice_must_name_a_tool(choice: dict[str, Any]) -> None:
     exc = refused(body(tools=[{"name": "search", "input_schema": SCHEMA}], tool_choice=choice))
     assert exc.param == "tool_choice.name"
 
 
 def test_unknown_tool_choice_type() -> None:
-    exc = refused(body(tools=[{"name": "search", "input_schema": SCHEMA}], tool_choice={"type": "some"}))
+    exc = refused(
+        body(tools=[{"name": "search", "input_schema": SCHEMA}], tool_choice={"type": "some"})
+    )
     assert exc.param == "tool_choice.type"
 
 
@@ -432,9 +474,14 @@ def test_output_config_effort(effort: str, expected: str) -> None:
     req = decode(thinking={"type": "adaptive"}, output_config={"effort": effort})
     assert req.reasoning_effort == expected
     # effort wins over a budget; disabled thinking wins over both
-    both = decode(thinking={"type": "enabled", "budget_tokens": 1024}, output_config={"effort": effort})
+    both = decode(
+        thinking={"type": "enabled", "budget_tokens": 1024}, output_config={"effort": effort}
+    )
     assert both.reasoning_effort == expected
-    assert decode(thinking={"type": "disabled"}, output_config={"effort": effort}).reasoning_effort == "none"
+    assert (
+        decode(thinking={"type": "disabled"}, output_config={"effort": effort}).reasoning_effort
+        == "none"
+    )
 
 
 def test_enabled_thinking_needs_a_budget() -> None:
@@ -447,7 +494,10 @@ def test_output_format_json_schema() -> None:
     assert req.response_format.type == "json_schema"
     assert req.response_format.json_schema is not None
     assert req.response_format.json_schema.schema == SCHEMA
-    assert refused(body(output_config={"format": {"type": "text"}})).param == "output_config.format.type"
+    assert (
+        refused(body(output_config={"format": {"type": "text"}})).param
+        == "output_config.format.type"
+    )
 
 
 # ---------------------------------------------------------------- refusals
@@ -457,16 +507,43 @@ def test_output_format_json_schema() -> None:
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
         (b'{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}', "model"),
         (b'{"model": "m", "max_tokens": 5}', "messages"),
-        (b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
-        (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}', "messages.0.role"),
-        (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]}', "messages.0.content"),
-        (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "x"}]}]}', "messages.0.content.0.type"),
-        (b'{"model": "m", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "x"}]}', "temperature"),
-        (b'{"model": "m", "max_tokens": 5, "top_k": 0, "messages": [{"role": "user", "content": "x"}]}', "top_k"),
+        (
+            b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}',
+            "messages.0.role",
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]}',
+            "messages.0.content",
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "x"}]}]}',
+            "messages.0.content.0.type",
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "x"}]}',
+            "temperature",
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "top_k": 0, "messages": [{"role": "user", "content": "x"}]}',
+            "top_k",
+        ),
         (b'{"model": "m", "max_tokens": 5, "messages": []}', "messages"),
-        (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": ""}]}', "messages"),
-        (b'{"model": "", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}', "model"),
-        (b'{"model": "m", "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": "x"}, "messages": [{"role": "user", "content": "x"}]}', "thinking.budget_tokens"),
+        (
+            b'{"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": ""}]}',
+            "messages",
+        ),
+        (
+            b'{"model": "", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}',
+            "model",
+        ),
+        (
+            b'{"model": "m", "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": "x"}, "messages": [{"role": "user", "content": "x"}]}',
+            "thinking.budget_tokens",
+        ),
     ],
 )
 def test_schema_errors_name_the_field(raw: bytes, param: str) -> None:
@@ -488,10 +565,15 @@ def sdk_request_body(**params: Any) -> bytes:
 
     def handler(request: httpx2.Request) -> httpx2.Response:
         sent.append(request.content)
-        return httpx2.Response(400, json={"type": "error", "error": {"type": "invalid_request_error", "message": "stop"}})
+        return httpx2.Response(
+            400,
+            json={"type": "error", "error": {"type": "invalid_request_error", "message": "stop"}},
+        )
 
     client = anthropic.Anthropic(
-        api_key="k", base_url="http://gateway", max_retries=0,
+        api_key="k",
+        base_url="http://gateway",
+        max_retries=0,
         http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
     )
     with pytest.raises(anthropic.BadRequestError):
@@ -506,8 +588,21 @@ def test_a_request_built_by_the_sdk() -> None:
         system=[{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         messages=[
             {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "weather", "input": {"city": "Oslo"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "-3C"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_9",
+                        "name": "weather",
+                        "input": {"city": "Oslo"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "-3C"}],
+            },
         ],
         tools=[{"name": "weather", "description": "Weather.", "input_schema": SCHEMA}],
         tool_choice={"type": "auto", "disable_parallel_tool_use": True},
@@ -537,21 +632,43 @@ def test_claude_code_turn_fixture() -> None:
     assert req.user == "user_4f2a_account_9c1e_session_7b3d"
     assert req.wants_usage_in_stream()
     assert req.tools is not None
-    assert [t.function.name for t in req.tools] == ["Task", "Bash", "Glob", "Grep", "Read", "Edit", "TodoWrite"]
+    assert [t.function.name for t in req.tools] == [
+        "Task",
+        "Bash",
+        "Glob",
+        "Grep",
+        "Read",
+        "Edit",
+        "TodoWrite",
+    ]
     todo = req.tools[-1].function.parameters
     assert todo is not None and todo["properties"]["todos"]["type"] == "array"
 
     roles = [m.role for m in req.messages]
-    assert roles == ["system", "user", "assistant", "tool", "tool", "user", "assistant", "tool", "user"]
+    assert roles == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
     system, ask, first, read1, read2, screenshot, second, bash, reminder = req.messages
     assert isinstance(system.content, list) and len(system.content) == 2
-    assert system.content[0] == TextPart("You are Claude Code, Anthropic's official CLI for Claude.")
+    assert system.content[0] == TextPart(
+        "You are Claude Code, Anthropic's official CLI for Claude."
+    )
     assert isinstance(ask.content, list) and len(ask.content) == 2
     # the first assistant turn: thinking dropped, text kept, two tool calls in order
     assert first.content == "I'll read the test and the CI screenshot."
     assert first.tool_calls is not None
     assert [c.id for c in first.tool_calls] == ["toolu_01RtX1", "toolu_01RtX2"]
-    assert json.loads(first.tool_calls[1].function.arguments) == {"file_path": "/home/dev/calc/ci.png"}
+    assert json.loads(first.tool_calls[1].function.arguments) == {
+        "file_path": "/home/dev/calc/ci.png"
+    }
     assert read1.tool_call_id == "toolu_01RtX1"
     assert isinstance(read1.content, str) and "def test_add" in read1.content
     # the image the Read tool returned travels in the user message after the tool messages
@@ -562,7 +679,9 @@ def test_claude_code_turn_fixture() -> None:
     # the second assistant turn: redacted thinking dropped, one Bash call
     assert second.content is None
     assert second.tool_calls is not None
-    assert json.loads(second.tool_calls[0].function.arguments)["command"].startswith("python -m pytest")
+    assert json.loads(second.tool_calls[0].function.arguments)["command"].startswith(
+        "python -m pytest"
+    )
     assert bash == Message("tool", "Error: F\n1 failed: assert 5 == 4", tool_call_id="toolu_01RtX3")
     assert isinstance(reminder.content, str) and "TodoWrite" in reminder.content
     assert canonical_round_trip(req) == req
