@@ -31,8 +31,13 @@ from tests.fixtures.server import serve
 pytestmark = pytest.mark.anyio
 
 HELLO = [Message("user", "Hi")]
-WEATHER = Tool(FunctionDef("get_weather", "Weather by city",
-                           {"type": "object", "properties": {"city": {"type": "string"}}}))
+WEATHER = Tool(
+    FunctionDef(
+        "get_weather",
+        "Weather by city",
+        {"type": "object", "properties": {"city": {"type": "string"}}},
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +82,11 @@ async def test_effort_enables_thinking_that_anthropic_accepts(
     assert (message.content, message.reasoning_content) == (REPLY_TEXT, THINKING_TEXT)
     # thinking is inside output_tokens and Anthropic gives no breakdown: none is invented
     usage = msgspec.to_builtins(result.response.usage)
-    assert usage == {"prompt_tokens": 11, "completion_tokens": 5 + THINKING_TOKENS,
-                     "total_tokens": 16 + THINKING_TOKENS}
+    assert usage == {
+        "prompt_tokens": 11,
+        "completion_tokens": 5 + THINKING_TOKENS,
+        "total_tokens": 16 + THINKING_TOKENS,
+    }
 
 
 async def test_redacted_thinking_is_dropped(served: tuple[FakeAnthropic, str]) -> None:
@@ -88,8 +96,12 @@ async def test_redacted_thinking_is_dropped(served: tuple[FakeAnthropic, str]) -
 
 
 async def test_stream_thinking_deltas_then_text(served: tuple[FakeAnthropic, str]) -> None:
-    req = chat_request(reasoning_effort="high", max_tokens=40000, stream=True,
-                       stream_options=StreamOptions(include_usage=True))
+    req = chat_request(
+        reasoning_effort="high",
+        max_tokens=40000,
+        stream=True,
+        stream_options=StreamOptions(include_usage=True),
+    )
     async with anthropic(served[1]) as provider:
         chunks = [part.chunk async for part in provider.stream_chat(req, ctx("m-thinking"))]
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -105,11 +117,15 @@ async def test_tool_loop_and_forced_tools_go_through_without_thinking(
     served: tuple[FakeAnthropic, str], fake: FakeAnthropic
 ) -> None:
     call = ToolCall("toolu_1", FunctionCall("get_weather", '{"city": "Paris"}'))
-    loop = [*HELLO, Message("assistant", tool_calls=[call]),
-            Message("tool", "sunny", tool_call_id="toolu_1")]
+    loop = [
+        *HELLO,
+        Message("assistant", tool_calls=[call]),
+        Message("tool", "sunny", tool_call_id="toolu_1"),
+    ]
     async with anthropic(served[1]) as provider:
-        await provider.chat(chat_request(loop, tools=[WEATHER], reasoning_effort="high"),
-                            ctx("m-ok"))
+        await provider.chat(
+            chat_request(loop, tools=[WEATHER], reasoning_effort="high"), ctx("m-ok")
+        )
         assert "thinking" not in fake.requests[-1].json
         forced = chat_request(tools=[WEATHER], tool_choice="required", reasoning_effort="low")
         result = await provider.chat(forced, ctx("m-tool"))
@@ -117,26 +133,36 @@ async def test_tool_loop_and_forced_tools_go_through_without_thinking(
     assert result.response.choices[0].finish_reason == "tool_calls"
 
 
-async def test_no_effort_sends_no_thinking(served: tuple[FakeAnthropic, str],
-                                           fake: FakeAnthropic) -> None:
+async def test_no_effort_sends_no_thinking(
+    served: tuple[FakeAnthropic, str], fake: FakeAnthropic
+) -> None:
     async with anthropic(served[1]) as provider:
         result = await provider.chat(chat_request(reasoning_effort="none"), ctx("m-thinking"))
     assert "thinking" not in fake.requests[-1].json
     assert result.response.choices[0].message.reasoning_content is None
 
 
-@pytest.mark.parametrize(("extra", "why"), [
-    ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "greater than or equal to 1024"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 4096}}, "`max_tokens` must be greater"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "temperature": 0.5},
-     "`temperature`"),
-])
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "greater than or equal to 1024"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 4096}}, "`max_tokens` must be greater"),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 1024}, "temperature": 0.5},
+            "`temperature`",
+        ),
+    ],
+)
 async def test_the_fake_refuses_what_anthropic_refuses(
     served: tuple[FakeAnthropic, str], extra: dict[str, Any], why: str
 ) -> None:
     # Guards the tests above: a body the adapter got wrong would be refused, as upstream.
-    body = {"model": "m-ok", "max_tokens": 2048, "messages": [{"role": "user", "content": "Hi"}],
-            **extra}
+    body = {
+        "model": "m-ok",
+        "max_tokens": 2048,
+        "messages": [{"role": "user", "content": "Hi"}],
+        **extra,
+    }
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
     async with httpx.AsyncClient() as client:
         response = await client.post(f"{served[1]}/v1/messages", json=body, headers=headers)

@@ -56,13 +56,17 @@ async def test_effort_sends_thinking_config_and_thoughts_come_back(
     async with gemini_at(served[1]) as gemini:
         result = await gemini.chat(request(reasoning_effort="medium"), ctx("m-ok"))
     assert fake.requests[-1].json["generationConfig"] == {
-        "thinkingConfig": {"thinkingBudget": 8192, "includeThoughts": True}}
+        "thinkingConfig": {"thinkingBudget": 8192, "includeThoughts": True}
+    }
     message = result.response.choices[0].message
     assert (message.content, message.reasoning_content) == (TEXT, THOUGHT_TEXT)
     usage = msgspec.to_builtins(result.response.usage)
-    assert usage == {"prompt_tokens": 11, "completion_tokens": 5 + THOUGHT_TOKENS,
-                     "total_tokens": 16 + THOUGHT_TOKENS,
-                     "completion_tokens_details": {"reasoning_tokens": THOUGHT_TOKENS}}
+    assert usage == {
+        "prompt_tokens": 11,
+        "completion_tokens": 5 + THOUGHT_TOKENS,
+        "total_tokens": 16 + THOUGHT_TOKENS,
+        "completion_tokens_details": {"reasoning_tokens": THOUGHT_TOKENS},
+    }
 
 
 async def test_default_thinking_is_counted_even_without_thought_summaries(
@@ -89,13 +93,13 @@ async def test_none_turns_thinking_off(served: tuple[FakeGemini, str], fake: Fak
 async def test_stream_sends_reasoning_deltas_first_and_reasoning_usage_last(
     served: tuple[FakeGemini, str],
 ) -> None:
-    req = request(reasoning_effort="high", stream=True,
-                  stream_options=StreamOptions(include_usage=True))
+    req = request(
+        reasoning_effort="high", stream=True, stream_options=StreamOptions(include_usage=True)
+    )
     async with gemini_at(served[1]) as gemini:
         chunks = [part.chunk async for part in gemini.stream_chat(req, ctx("m-thinking"))]
     deltas = [msgspec.to_builtins(c.choices[0].delta) for c in chunks if c.choices]
-    assert deltas[:2] == [{"role": "assistant", "content": ""},
-                          {"reasoning_content": THOUGHT_TEXT}]
+    assert deltas[:2] == [{"role": "assistant", "content": ""}, {"reasoning_content": THOUGHT_TEXT}]
     assert "".join(d.get("content", "") for d in deltas) == TEXT
     usage = chunks[-1].usage
     assert usage is not None and usage.reasoning_tokens == THOUGHT_TOKENS

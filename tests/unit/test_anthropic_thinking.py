@@ -39,11 +39,16 @@ def body(*messages: Message, default_max: int = 4096, **options: Any) -> dict[st
 
 
 # ---------------------------------------------------------------- requests
-@pytest.mark.parametrize(("effort", "budget"), [
-    ("minimal", 1024), ("low", 1024), ("medium", 4096), ("high", 16384),
-])
-def test_effort_becomes_a_thinking_budget_on_top_of_the_default(effort: str,
-                                                                  budget: int) -> None:
+@pytest.mark.parametrize(
+    ("effort", "budget"),
+    [
+        ("minimal", 1024),
+        ("low", 1024),
+        ("medium", 4096),
+        ("high", 16384),
+    ],
+)
+def test_effort_becomes_a_thinking_budget_on_top_of_the_default(effort: str, budget: int) -> None:
     sent = body(reasoning_effort=effort, default_max=4096)
     assert sent["thinking"] == {"type": "enabled", "budget_tokens": budget}
     assert sent["max_tokens"] == 4096 + budget
@@ -70,10 +75,12 @@ def test_small_client_limit_is_raised_just_enough_for_the_minimum_budget() -> No
     assert sent["max_tokens"] == MIN_BUDGET + 1
 
 
-@given(st.sampled_from(sorted(BUDGETS)), st.none() | st.integers(1, 200_000),
-       st.integers(1, 64_000))
-def test_planned_budget_is_always_valid_for_anthropic(effort: Any, limit: int | None,
-                                                      default: int) -> None:
+@given(
+    st.sampled_from(sorted(BUDGETS)), st.none() | st.integers(1, 200_000), st.integers(1, 64_000)
+)
+def test_planned_budget_is_always_valid_for_anthropic(
+    effort: Any, limit: int | None, default: int
+) -> None:
     budget, max_tokens = plan_tokens(BUDGETS[effort], limit, default)
     assert MIN_BUDGET <= budget <= BUDGETS[effort]
     assert budget < max_tokens
@@ -101,19 +108,31 @@ def test_forced_tool_choice_leaves_thinking_off() -> None:
 
 def test_open_tool_loop_continues_without_thinking() -> None:
     call = ToolCall("toolu_1", FunctionCall("get_weather", '{"city": "Paris"}'))
-    loop = [USER, Message("assistant", tool_calls=[call]),
-            Message("tool", "sunny", tool_call_id="toolu_1")]
+    loop = [
+        USER,
+        Message("assistant", tool_calls=[call]),
+        Message("tool", "sunny", tool_call_id="toolu_1"),
+    ]
     assert "thinking" not in body(*loop, reasoning_effort="high", tools=[WEATHER])
     closed = [*loop, Message("assistant", "It is sunny."), Message("user", "And tomorrow?")]
     assert body(*closed, reasoning_effort="high", tools=[WEATHER])["thinking"] == {
-        "type": "enabled", "budget_tokens": 16384}
+        "type": "enabled",
+        "budget_tokens": 16384,
+    }
 
 
 # ---------------------------------------------------------------- responses
 def message(blocks: list[dict[str, Any]], stop: str = "end_turn") -> wire.MessagesResponse:
-    raw = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x-2025",
-           "content": blocks, "stop_reason": stop, "stop_sequence": None,
-           "usage": {"input_tokens": 11, "output_tokens": 120}}
+    raw = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-x-2025",
+        "content": blocks,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 11, "output_tokens": 120},
+    }
     return wire.response_decoder.decode(json.dumps(raw))
 
 
@@ -124,24 +143,35 @@ def respond(msg: wire.MessagesResponse) -> dict[str, Any]:
 
 
 def test_thinking_block_becomes_reasoning_content() -> None:
-    out = respond(message([
-        {"type": "thinking", "thinking": "2 + 2 is 4.", "signature": "EqQBCgIYAhIM"},
-        {"type": "text", "text": "4"},
-    ]))
-    assert out["choices"][0]["message"] == {"role": "assistant", "content": "4",
-                                            "reasoning_content": "2 + 2 is 4."}
+    out = respond(
+        message(
+            [
+                {"type": "thinking", "thinking": "2 + 2 is 4.", "signature": "EqQBCgIYAhIM"},
+                {"type": "text", "text": "4"},
+            ]
+        )
+    )
+    assert out["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "4",
+        "reasoning_content": "2 + 2 is 4.",
+    }
     # Anthropic reports thinking inside output_tokens only: no invented breakdown
-    assert out["usage"] == {"prompt_tokens": 11, "completion_tokens": 120,
-                            "total_tokens": 131}
+    assert out["usage"] == {"prompt_tokens": 11, "completion_tokens": 120, "total_tokens": 131}
 
 
 def test_several_thinking_blocks_join_and_redacted_thinking_is_dropped() -> None:
-    out = respond(message([
-        {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
-        {"type": "thinking", "thinking": "first", "signature": "a"},
-        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
-        {"type": "thinking", "thinking": "second", "signature": "b"},
-    ], stop="tool_use"))
+    out = respond(
+        message(
+            [
+                {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+                {"type": "thinking", "thinking": "first", "signature": "a"},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
+                {"type": "thinking", "thinking": "second", "signature": "b"},
+            ],
+            stop="tool_use",
+        )
+    )
     msg = out["choices"][0]["message"]
     assert msg["reasoning_content"] == "first\n\nsecond"
     assert "content" not in msg and len(msg["tool_calls"]) == 1
