@@ -10,12 +10,13 @@ from litestar.exceptions import HTTPException
 
 from core.config import Config
 from core.errors import GatewayError
-from gateway import admin, chat, misc, openapi, usage_routes
-from gateway.abandon import finish_abandoned
-from gateway.errors import gateway_error_handler, http_error_handler, unexpected_error_handler
-from gateway.reload import Reloader
-from gateway.runtime import Progress
-from gateway.state import GatewayState
+from gateway.http.abandon import finish_abandoned
+from gateway.http.errors import gateway_error_handler, http_error_handler, unexpected_error_handler
+from gateway.process.reload import Reloader
+from gateway.process.runtime import Progress
+from gateway.process.state import GatewayState
+from gateway.routes import admin, chat, completions, embeddings, models, openapi
+from gateway.routes import usage as usage_routes
 
 
 def create_app(
@@ -30,9 +31,10 @@ def create_app(
         app.state.gateway = state
         await state.start()
         if config.source is not None:
-            state.reloader = Reloader(state, config.source)
+            reloader = Reloader(state, config.source)
+            app.state.reloader = reloader  # state knows nothing of reloads (no import circle)
             if config.server.watch_config:
-                state.spawn(state.reloader.watch(config.server.watch_interval_s))
+                state.spawn(reloader.watch(config.server.watch_interval_s))
         try:
             yield
         finally:
@@ -41,12 +43,12 @@ def create_app(
     app = Litestar(
         route_handlers=[
             chat.chat_completions,
-            misc.completions,
-            misc.embeddings,
-            misc.list_models,
-            misc.get_model,
-            misc.healthz,
-            misc.readyz,
+            completions.completions,
+            embeddings.embeddings,
+            models.list_models,
+            models.get_model,
+            models.healthz,
+            models.readyz,
             admin.reload_policy,
             admin.list_targets,
             admin.tenant_quota,

@@ -13,7 +13,7 @@ from litestar import Litestar
 
 from core.config import load_config
 from gateway.app import create_app
-from gateway.observe import configure_logging
+from gateway.process.observe import configure_logging
 
 
 def app_from_env() -> Litestar:

@@ -63,3 +63,45 @@ def test_the_checker_sees_a_violation(tmp_path):
     sample = tmp_path / "x.py"
     sample.write_text("import gateway.app\nfrom routers.executor import Executor\n")
     assert imports_of(sample) == {"gateway", "routers"}
+
+
+# gateway/'s rooms, outermost first: a room imports only rooms after it (docs/architecture.md,
+# "gateway/ by role"). The entry points (cli, asgi) build the app; app.py wires the routes.
+ROOMS = ("cli", "asgi", "app", "routes", "request", "dialects", "process", "http")
+
+
+def gateway_imports(path: Path) -> set[str]:
+    """The gateway rooms (and top-level modules) that ``path`` imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found.update(n.split(".")[1] for n in names if n.startswith("gateway.") and "." in n)
+    return found
+
+
+def room_of(path: Path) -> str:
+    relative = path.relative_to(ROOT / "gateway")
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def test_gateway_rooms_import_inwards_only():
+    wrong = {}
+    for path in modules("gateway"):
+        room = room_of(path)
+        if room not in ROOMS:
+            continue  # gateway/__init__.py: the version only
+        allowed = set(ROOMS[ROOMS.index(room):])
+        bad = gateway_imports(path) - allowed
+        if bad:
+            wrong[str(path.relative_to(ROOT))] = sorted(bad)
+    assert wrong == {}
+
+
+def test_every_gateway_module_lives_in_a_room():
+    loose = {room_of(p) for p in modules("gateway")} - set(ROOMS)
+    assert loose == {"__init__"}

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from gateway.server import GuardedHttpToolsProtocol
+from gateway.process.server import GuardedHttpToolsProtocol
 from policies.auth import KeysFile
 from tests.fixtures.asgi import end_body, read_request, send_chunk, start_sse
 from tests.fixtures.fake_openai import FakeOpenAI

@@ -51,7 +51,7 @@ from schemathesis.specs.openapi.checks import (
 
 from core.config import parse_config
 from gateway.app import create_app
-from gateway.openapi import app_routes, build_document
+from gateway.routes.openapi import app_routes, build_document
 from policies.auth import KeysFile
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.server import serve

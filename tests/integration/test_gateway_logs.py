@@ -8,7 +8,7 @@ import httpx
 import structlog
 
 from core.config import LoggingConfig
-from gateway.observe import configure_logging
+from gateway.process.observe import configure_logging
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.server import serve
 from tests.integration.gateway_harness import running_gateway

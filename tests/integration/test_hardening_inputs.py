@@ -14,7 +14,7 @@ from tests.integration.gateway_harness import Gateway, running_gateway
 
 USER = [{"role": "user", "content": "hi"}]
 ROUTES = ("/chat/completions", "/completions", "/embeddings")
-MAX_JSON_DEPTH = 128  # gateway.errors.MAX_JSON_DEPTH, spelled out: the contract under test
+MAX_JSON_DEPTH = 128  # gateway.http.errors.MAX_JSON_DEPTH, spelled out: the contract under test
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from core.clock import FakeClock
 from core.config import parse_config
 from core.config_tenants import RedisConfig
 from core.tenancy import UsageRow
-from gateway import cli_usage
+from gateway.cli import usage as cli_usage
 from policies.ledger import matches, open_ledger
 from policies.ledger.export import export_lines, prime
 from policies.ledger.redis_stream import RedisStreamLedger

@@ -19,7 +19,7 @@ from core.clock import FakeClock
 from core.config import VllmProviderConfig
 from core.config_routing import BreakerConfig, SaturationConfig
 from core.routing import UNKNOWN
-from gateway.health import TrackerObserver, Trackers
+from gateway.process.health import TrackerObserver, Trackers
 from local_tier.capacity import (
     CapacityMonitor,
     ReplicaSpec,

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from core.clock import FakeClock
-from gateway.cli_keys import add_parser, run
+from gateway.cli.keys import add_parser, run
 from policies.auth import KeyIndex, KeysFile
 
 CONFIG = "tenants:\n  acme: {}\n  beta: {}\nauth:\n  keys_file: state/keys.json\n"

@@ -10,7 +10,7 @@ from core.config import ModelConfig, RoutingConfig, TargetConfig
 from core.errors import InvalidRequestError
 from core.routing import RouteRequest
 from core.wire import ChatRequest, CompletionRequest, Message
-from gateway.routing_view import MAX_OUTPUT_TOKENS, completion_output_tokens, route_request
+from gateway.request.routing_view import MAX_OUTPUT_TOKENS, completion_output_tokens, route_request
 
 MODEL = ModelConfig(targets=[TargetConfig(provider="oa", model="m")])
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from core.errors import InvalidRequestError
 from core.wire import ChatRequest
-from gateway.errors import MAX_JSON_DEPTH, decode_body, json_depth_exceeds
+from gateway.http.errors import MAX_JSON_DEPTH, decode_body, json_depth_exceeds
 
 _chat = msgspec.json.Decoder(ChatRequest)
 

@@ -16,7 +16,7 @@ from core.errors import (
     UpstreamRateLimitedError,
     UpstreamServerError,
 )
-from gateway.errors import error_headers
+from gateway.http.errors import error_headers
 from providers.http import MAX_RETRY_AFTER_S, parse_retry_after
 from routers.executor import Executor, Trace
 from tests.unit.test_executor import Scripted, Sleeps, target

@@ -15,7 +15,7 @@ from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
 from core.config import parse_config
 from gateway.app import create_app
-from gateway.openapi import UNDOCUMENTED, app_routes, build_document, openapi_path
+from gateway.routes.openapi import UNDOCUMENTED, app_routes, build_document, openapi_path
 
 CONFIG = """
 auth: {{keys_file: {keys}}}

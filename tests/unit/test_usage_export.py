@@ -24,9 +24,9 @@ from core.clock import FakeClock
 from core.config import load_config
 from core.errors import GatewayError, InvalidRequestError
 from core.tenancy import UsageRow
-from gateway import cli_usage
-from gateway.errors import gateway_error_handler
-from gateway.usage_routes import admin_usage, tenant_usage
+from gateway.cli import usage as cli_usage
+from gateway.http.errors import gateway_error_handler
+from gateway.routes.usage import admin_usage, tenant_usage
 from policies.auth import Authenticator
 from policies.auth.keys import KeysFile
 from policies.ledger.export import (

@@ -28,7 +28,9 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Send
 from litestar.types import Scope as ASGIScope
 
-from gateway.pipeline import SCOPE_KEY
+# Where a request's pipeline scope registers itself in the ASGI scope's state: an object
+# with ``client_gone`` (set here) and ``async abandon()`` (called here at the end).
+SCOPE_KEY = "switchyard.scope"
 
 
 class _Exchange:

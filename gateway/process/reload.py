@@ -11,8 +11,8 @@ from pathlib import Path
 import structlog
 
 from core.config import Config, ConfigError, load_config
-from gateway.runtime import Runtime
-from gateway.state import GatewayState
+from gateway.process.runtime import Runtime
+from gateway.process.state import GatewayState
 
 _log = structlog.get_logger("switchyard")
 

@@ -27,7 +27,7 @@ from typing import IO, Any
 from core.config import Config, ConfigError, load_config
 from core.errors import InvalidRequestError
 from core.tenancy import UsageRow
-from gateway.cli_common import CONFIG_HELP, config_path
+from gateway.cli.common import CONFIG_HELP, config_path
 from policies.ledger import Ledger, ledger_backend, open_ledger, sqlite_path
 from policies.ledger.export import FORMATS, GROUP_BYS, ExportQuery, export_lines, parse_query
 from policies.store.base import StoreUnavailableError

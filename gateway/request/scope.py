@@ -16,22 +16,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import structlog
-from litestar import Request
+from litestar import Request, Response
 from litestar.exceptions import InternalServerException
 
 from core.config_tenants import TenantConfig
 from core.errors import ClientClosedError, GatewayError, InvalidRequestError
 from core.routing import RouteRequest
-from core.wire import ChatRequest
-from gateway.context import RequestRecord
-from gateway.health import TrackerObserver
-from gateway.routing_view import route_request, tenant_constraints
-from gateway.runtime import Runtime
-from gateway.state import GatewayState
+from core.wire import ChatRequest, RawResult
+from gateway.http.abandon import SCOPE_KEY
+from gateway.process.health import TrackerObserver
+from gateway.process.runtime import Runtime
+from gateway.process.state import GatewayState
+from gateway.request.record import RequestRecord
+from gateway.request.routing_view import route_request, tenant_constraints
 from policies.pricing import cost_usd, estimate_cost
 from policies.quotas import Admission
 from policies.sticky import stable_prefix_hash
@@ -40,9 +41,11 @@ from routers.planner import Plan, plan_route
 from routers.sticky import prefer
 from routers.targets import Skipped, Target
 
+_JSON = "application/json"
+T = TypeVar("T")
+P = TypeVar("P")
 _rng = random.Random()
 _log = structlog.get_logger("switchyard")
-SCOPE_KEY = "switchyard.scope"  # where a request's Scope lives in the ASGI scope's state
 CLIENT_CLOSED = 499  # nginx's code: the client went away before the end
 
 
@@ -163,6 +166,36 @@ class Scope:
         if model is not None and model.queue_deadline_s is not None:
             return model.queue_deadline_s
         return self.runtime.config.routing.queue.deadline_s
+
+    async def call(self, model: str, plan: Plan, call: Callable[[Target], Awaitable[T]]) -> T:
+        """Run ``call`` on the plan's targets in order (fallback, retries, breakers)."""
+        return await self.runtime.executor.call(
+            model,
+            plan.ordered,
+            call,
+            self.record.trace,
+            observer=self.observer,
+            gate=self.state.trackers.breakers.gate,
+        )
+
+    async def open_stream(
+        self, model: str, plan: Plan, open_stream: Callable[[Target], AsyncIterator[P]]
+    ) -> tuple[P, AsyncIterator[P]]:
+        """The first part and the rest of the first target's stream that yields one."""
+        return await self.runtime.executor.open_stream(
+            model,
+            plan.ordered,
+            open_stream,
+            self.record.trace,
+            observer=self.observer,
+            gate=self.state.trackers.breakers.gate,
+        )
+
+    async def answer_raw(self, result: RawResult) -> Response[bytes]:
+        """Close with the upstream's usage and answer its JSON body as it is."""
+        self.record.usage = result.usage
+        await self.close(200)
+        return Response(result.body, media_type=_JSON, headers=self.record.headers())
 
     def use_provider_caches(self) -> None:
         """OpenAI ``prompt_cache_key`` per tenant; Anthropic ``cache_control`` placement."""
@@ -315,3 +348,8 @@ class Scope:
             self.state.spawn(self.state.sticky.remember(tenant, self._sticky_hash, served.label))
 
 
+
+
+def body_tokens(raw: bytes) -> int:
+    """Prompt tokens of a request no tokenizer has seen, roughly (bytes / 4)."""
+    return len(raw) // 4

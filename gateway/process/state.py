@@ -7,14 +7,14 @@ import asyncio
 import os
 import time
 from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from core.clock import Clock, SystemClock
 from core.config import Config, VllmProviderConfig
-from gateway.health import Trackers
-from gateway.runtime import Progress, Runtime, Stores
+from gateway.process.health import Trackers
+from gateway.process.runtime import Progress, Runtime, Stores
 from local_tier.capacity import CapacityMonitor, ReplicaSpec
 from local_tier.prefix_index import PrefixIndex
 from policies.admission import AdmissionQueue
@@ -25,9 +25,6 @@ from policies.response_cache import ResponseCache
 from policies.sticky import StickyRoutes
 from policies.store import MemoryStore, RedisStore
 from providers.transport import make_client
-
-if TYPE_CHECKING:
-    from gateway.reload import Reloader
 
 _log = structlog.get_logger("switchyard")
 # Router-side prefix index size per replica, in 64-character blocks (~16 tokens each):
@@ -128,7 +125,6 @@ class GatewayState:
         self.created = int(time.time())
         self.in_flight = InFlight()
         self._start_task: asyncio.Task[None] | None = None
-        self.reloader: Reloader | None = None  # set when the config came from a file
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:

@@ -10,8 +10,9 @@ from litestar import Request, Response, get, post
 
 from core.errors import InvalidRequestError, ModelNotFoundError, ServiceUnavailableError
 from core.routing import RouteRequest
-from gateway.guard import require_admin
-from gateway.state import GatewayState
+from gateway.http.guard import require_admin
+from gateway.process.reload import Reloader
+from gateway.process.state import GatewayState
 from policies.store.base import StoreUnavailableError
 
 _JSON = "application/json"
@@ -28,12 +29,13 @@ async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
     old policy keeps serving)."""
     require_admin(request)
     state = _state(request)
-    if state.reloader is None:
+    reloader: Reloader | None = getattr(request.app.state, "reloader", None)
+    if reloader is None:
         raise InvalidRequestError(
             "This gateway was not started from a policy file; nothing to reload.",
             code="not_reloadable",
         )
-    errors = await state.reloader.reload()
+    errors = await reloader.reload()
     if errors:
         raise InvalidRequestError(
             "The new policy file is invalid; the previous policy keeps serving: "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.errors import GatewayError
-from gateway.errors import error_body
+from gateway.http.errors import error_body
 
 DONE = b"data: [DONE]\n\n"
 

@@ -9,8 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from core.config import ConfigError, load_config
-from gateway import __version__, cli_keys, cli_route, cli_usage
-from gateway.cli_common import CONFIG_HELP, config_path
+from gateway import __version__
+from gateway.cli import keys as cli_keys
+from gateway.cli import route as cli_route
+from gateway.cli import usage as cli_usage
+from gateway.cli.common import CONFIG_HELP, config_path
 
 
 def _progress(message: str) -> None:
@@ -24,9 +27,9 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway import server
     from gateway.app import create_app
-    from gateway.observe import configure_logging
+    from gateway.process import server
+    from gateway.process.observe import configure_logging
 
     path = config_path(args.config)
     try:

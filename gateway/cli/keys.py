@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.config import Config, ConfigError, load_config, relative_to_config
-from gateway.cli_common import CONFIG_HELP, config_path
+from gateway.cli.common import CONFIG_HELP, config_path
 from policies.auth.keys import KeyRecord, KeysFile, KeysFileError
 
 

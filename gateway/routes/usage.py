@@ -17,7 +17,7 @@ from litestar.response import Stream
 
 from core.errors import PermissionDeniedError, ServiceUnavailableError
 from core.tenancy import Principal
-from gateway.guard import authenticate, require_admin
+from gateway.http.guard import authenticate, require_admin
 from policies.ledger import Ledger
 from policies.ledger.export import CONTENT_TYPES, ExportQuery, export_lines, parse_query, prime
 from policies.store.base import StoreUnavailableError

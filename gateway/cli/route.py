@@ -12,8 +12,8 @@ from typing import Any
 from core.clock import SystemClock
 from core.config import ConfigError, load_config
 from core.routing import UNKNOWN, RouteRequest, TargetHealth
-from gateway.routing_view import tenant_constraints
-from gateway.runtime import Runtime, Stores
+from gateway.process.runtime import Runtime, Stores
+from gateway.request.routing_view import tenant_constraints
 from policies.store import MemoryStore
 from providers.transport import make_client
 from routers.planner import plan_route

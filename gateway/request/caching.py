@@ -10,8 +10,8 @@ from litestar import Response
 from litestar.response import Stream
 
 from core.wire import ChatChunk, ChatRequest, ChatResponse, encoder
-from gateway import sse
-from gateway.pipeline import Scope
+from gateway.http import sse
+from gateway.request.scope import Scope
 from policies.response_cache import StreamAccumulator, chunks_of
 
 CACHE_HEADER = "x-switchyard-cache"
