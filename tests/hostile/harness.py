@@ -100,9 +100,11 @@ class World:
 
 
 def config_text(world_dir: Path, upstream_url: str, replica_url: str, backend: str,
-                redis_url: str | None, tenants: str, extra: str = "") -> str:
+                redis_url: str | None, tenants: str, extra: str = "",
+                redis_timeout_s: float = 2.0) -> str:
+    redis = f'url: "{redis_url}", key_prefix: "hostile:", timeout_s: {redis_timeout_s}'
     state = (
-        f'state: {{backend: redis, redis: {{url: "{redis_url}", key_prefix: "hostile:"}}}}'
+        f"state: {{backend: redis, redis: {{{redis}}}}}"
         if backend == "redis"
         else "state: {backend: memory}"
     )
@@ -132,10 +134,12 @@ models:
 
 @contextmanager
 def hostile_world(folder: Path, backend: str, redis_url: str | None, tenants: dict[str, str],
-                  extra: str = "", slow_seconds: float = 5.0) -> Iterator[World]:
+                  extra: str = "", slow_seconds: float = 5.0,
+                  redis_timeout_s: float = 2.0) -> Iterator[World]:
     """A gateway process serving ``tenants`` (name -> YAML flow mapping of its settings),
     each with one API key, on ``backend``; the fake upstream's slow models take
-    ``slow_seconds``."""
+    ``slow_seconds``. Redis commands time out after ``redis_timeout_s`` (generous by
+    default: on a loaded machine the product's 0.25 s reads as an outage)."""
     keys_file = KeysFile(folder / "keys.json")
     keys = {name: keys_file.create(name, "hostile")[0] for name in tenants}
     upstream = FakeOpenAI()
@@ -146,7 +150,8 @@ def hostile_world(folder: Path, backend: str, redis_url: str | None, tenants: di
         up = stack.enter_context(serve(upstream))
         local = stack.enter_context(serve(replica))
         path = folder / "gateway.yaml"
-        text = config_text(folder, up.url, local.url, backend, redis_url, tenant_lines, extra)
+        text = config_text(folder, up.url, local.url, backend, redis_url, tenant_lines, extra,
+                           redis_timeout_s)
         path.write_text(text)
         env = {"H_ADMIN": ADMIN, "H_OA": "sk-upstream"}
         gateway = GatewayProcess(path, env, folder / "gateway.log")

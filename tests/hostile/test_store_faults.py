@@ -36,7 +36,9 @@ def world(tmp_path: Path, redis_server: RedisServer, redis_url: str) -> Iterator
         "loose": "{limits: {rpm: 100000, concurrency: 100}, on_store_failure: open}",
         "strict": "{limits: {rpm: 100000, concurrency: 100}, on_store_failure: closed}",
     }
-    with hostile_world(tmp_path, "redis", redis_url, tenants, slow_seconds=1.0) as world:
+    with hostile_world(
+        tmp_path, "redis", redis_url, tenants, slow_seconds=1.0, redis_timeout_s=0.25
+    ) as world:
         world.extra["redis"] = redis_server
         yield world
 

@@ -62,7 +62,11 @@ def world(
     keys = {t: keys_file.create(t, "spend")[0] for t in ("exact", "under")}
     state = "{backend: memory}"
     if request.param == "redis":
-        state = f'{{backend: redis, redis: {{url: "{request.getfixturevalue("redis_url")}"}}}}'
+        # A generous command timeout: on a loaded machine a 0.25 s timeout sends the
+        # tenants to their fail-open local limits, a second budget (this test is not about
+        # outages; tests/hostile/test_store_faults.py is).
+        url = request.getfixturevalue("redis_url")
+        state = f'{{backend: redis, redis: {{url: "{url}", timeout_s: 5}}}}'
     with serve(FakeOpenAI()) as up:
         config = f"""
 auth: {{admin_key_env: B_ADMIN, keys_file: {folder / "keys.json"}}}
