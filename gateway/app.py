@@ -6,16 +6,23 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
-from litestar.exceptions import HTTPException
 
 from core.config import Config
-from core.errors import GatewayError
 from gateway.http.abandon import finish_abandoned
-from gateway.http.errors import gateway_error_handler, http_error_handler, unexpected_error_handler
+from gateway.http.errors import exception_handlers
 from gateway.process.reload import Reloader
 from gateway.process.runtime import Progress
 from gateway.process.state import GatewayState
-from gateway.routes import admin, chat, completions, embeddings, models, openapi
+from gateway.routes import (
+    admin,
+    chat,
+    completions,
+    embeddings,
+    messages,
+    models,
+    openapi,
+    responses,
+)
 from gateway.routes import usage as usage_routes
 
 
@@ -43,6 +50,9 @@ def create_app(
     app = Litestar(
         route_handlers=[
             chat.chat_completions,
+            messages.messages,
+            messages.count_tokens,
+            responses.responses,
             completions.completions,
             embeddings.embeddings,
             models.list_models,
@@ -58,11 +68,9 @@ def create_app(
         ],
         lifespan=[lifespan],
         middleware=[finish_abandoned],
-        exception_handlers={
-            GatewayError: gateway_error_handler,
-            HTTPException: http_error_handler,
-            Exception: unexpected_error_handler,
-        },
+        exception_handlers=exception_handlers(
+            by_prefix={messages.PATH: messages.anthropic_shape}
+        ),
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,
         logging_config=None,

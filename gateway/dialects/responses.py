@@ -542,3 +542,6 @@ def error_body(exc: GatewayError) -> bytes:
 
 
 _ENCODER = msgspec.json.Encoder()
+
+
+ResponsesBody = _Request  # the request's schema, for the OpenAPI document

@@ -1,10 +1,13 @@
-"""Every failure leaves the gateway in OpenAI's error shape with the right status."""
+"""Every failure leaves the gateway in the client's error shape with the right status:
+OpenAI's by default, a route's own (Anthropic's on ``/v1/messages``) through
+``exception_handlers(shape)``."""
 
 from __future__ import annotations
 
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -52,10 +55,21 @@ def error_headers(exc: GatewayError, request_id: str | None) -> dict[str, str]:
     return headers
 
 
-def render(exc: GatewayError, request_id: str | None = None) -> Response[bytes]:
+ErrorShape = Callable[[GatewayError, str | None], tuple[int, bytes]]
+
+
+def openai_shape(exc: GatewayError, request_id: str | None) -> tuple[int, bytes]:
+    """(status, body) in OpenAI's ``{"error": {...}}`` shape."""
+    return exc.status, error_body(exc)
+
+
+def render(
+    exc: GatewayError, request_id: str | None = None, shape: ErrorShape = openai_shape
+) -> Response[bytes]:
+    status, body = shape(exc, request_id)
     return Response(
-        error_body(exc),
-        status_code=exc.status,
+        body,
+        status_code=status,
         media_type="application/json",
         headers=error_headers(exc, request_id),
     )
@@ -129,12 +143,8 @@ def _request_id(request: Request[Any, Any, Any]) -> str:
     return value if isinstance(value, str) else "req_" + os.urandom(12).hex()
 
 
-def gateway_error_handler(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
-    return render(exc, _request_id(request))
-
-
-def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    """Litestar's own errors (unknown route, wrong method, body too large) in OpenAI shape."""
+def from_http(exc: HTTPException) -> GatewayError:
+    """Litestar's own errors (unknown route, wrong method, body too large) as ours."""
     error = GatewayError(str(exc.detail))
     error.status = exc.status_code
     error.type = _STATUS_TYPES.get(exc.status_code, "invalid_request_error")
@@ -142,11 +152,35 @@ def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> R
         error.type = "server_error"
     if exc.status_code == 413:
         error.code = "payload_too_large"
-    return render(error, _request_id(request))
+    return error
 
 
-def unexpected_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    """A bug, not the client's fault: logged with its traceback, answered with a plain 500."""
-    _log.exception("request.unhandled_error", path=request.url.path)
-    error = GatewayError("The gateway hit an internal error; it has been logged.")
-    return render(error, _request_id(request))
+def internal_error() -> GatewayError:
+    return GatewayError("The gateway hit an internal error; it has been logged.")
+
+
+def exception_handlers(
+    shape: ErrorShape = openai_shape, by_prefix: Mapping[str, ErrorShape] | None = None
+) -> dict[Any, Any]:
+    """Litestar exception handlers that answer every failure in the shape of the path's
+    dialect (``by_prefix``: path prefix -> shape, e.g. Anthropic's under ``/v1/messages``;
+    ``shape`` elsewhere): the gateway's errors, Litestar's own (also a wrong method on a
+    known path), and bugs (logged with their traceback, a plain 500)."""
+    prefixes = sorted((by_prefix or {}).items(), key=lambda item: -len(item[0]))
+
+    def shaped(request: Request[Any, Any, Any], error: GatewayError) -> Response[bytes]:
+        path = request.url.path
+        chosen = next((s for prefix, s in prefixes if path.startswith(prefix)), shape)
+        return render(error, _request_id(request), chosen)
+
+    def gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+        return shaped(request, exc)
+
+    def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+        return shaped(request, from_http(exc))
+
+    def unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+        _log.exception("request.unhandled_error", path=request.url.path)
+        return shaped(request, internal_error())
+
+    return {GatewayError: gateway_error, HTTPException: http_error, Exception: unexpected}

@@ -3,16 +3,9 @@ a hit (as JSON or as a stream), store a deterministic answer after it was served
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
-from litestar import Response
-from litestar.response import Stream
-
-from core.wire import ChatChunk, ChatRequest, ChatResponse, encoder
-from gateway.http import sse
+from core.wire import ChatChunk, ChatRequest, ChatResponse
 from gateway.request.scope import Scope
-from policies.response_cache import StreamAccumulator, chunks_of
+from policies.response_cache import StreamAccumulator
 
 CACHE_HEADER = "x-switchyard-cache"
 
@@ -66,24 +59,3 @@ class CacheUse:
 
     def store_collected(self, collected: Collector) -> None:
         self.store(collected.result())
-
-
-async def replay(scope: Scope, req: ChatRequest, hit: ChatResponse) -> Response[Any]:
-    """Answer from the cache: same body (a fresh id is not needed: OpenAI ids are opaque),
-    as a stream when the client asked for one."""
-    record = scope.record
-    record.cache_hit = True
-    record.usage = hit.usage
-    await scope.close(200)
-    headers = record.headers()
-    if not req.stream:
-        return Response(encoder.encode(hit), media_type="application/json", headers=headers)
-    chunks = chunks_of(hit, include_usage=req.wants_usage_in_stream())
-    record.first_byte()
-    return Stream(_frames(chunks), media_type="text/event-stream", headers=headers)
-
-
-async def _frames(chunks: list[ChatChunk]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield sse.frame(encoder.encode(chunk))
-    yield sse.DONE

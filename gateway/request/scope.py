@@ -28,6 +28,7 @@ from core.errors import ClientClosedError, GatewayError, InvalidRequestError
 from core.routing import RouteRequest
 from core.wire import ChatRequest, RawResult
 from gateway.http.abandon import SCOPE_KEY
+from gateway.http.errors import internal_error
 from gateway.process.health import TrackerObserver
 from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
@@ -257,9 +258,7 @@ class Scope:
             return exc.status, exc
         if isinstance(exc, Exception):
             _log.error("request.failed", request_id=self.record.request_id, exc_info=exc)
-            internal = GatewayError("The gateway hit an internal error; it has been logged.")
-            internal.code = "internal_error"
-            return 500, internal
+            return 500, internal_error()
         return CLIENT_CLOSED, None
 
     def hold(self, stream: AsyncIterator[Any]) -> None:

@@ -32,6 +32,9 @@ from core.wire import (
     ModelCard,
     ModelList,
 )
+from gateway.dialects.anthropic_messages import MessagesBody
+from gateway.dialects.anthropic_messages_encode import ErrorOut, MessageOut
+from gateway.dialects.responses import ResponsesBody
 
 OPENAPI_PATH = "/openapi.json"
 UNDOCUMENTED = "x-switchyard-undocumented"
@@ -104,6 +107,12 @@ class QuotaView(msgspec.Struct):
     limits: dict[str, Any]
 
 
+class TokenCount(msgspec.Struct):
+    """``POST /v1/messages/count_tokens``: the estimate quotas reserve."""
+
+    input_tokens: int
+
+
 class TextCompletion(msgspec.Struct):
     """A legacy completion as the upstream answered it (forwarded as is)."""
 
@@ -153,6 +162,7 @@ class Operation:
     params: tuple[Param, ...] = ()
     ok_status: int = 200
     other: Mapping[int, tuple[str, Schema]] | None = None  # non-error-shaped answers
+    error: type = ErrorBody  # the route's error shape (Anthropic's on /v1/messages)
 
 
 _REQUEST_ID = Param(
@@ -193,6 +203,36 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {_JSON: EmbeddingResponse},
         _CALL_ERRORS,
         body=EmbeddingRequest,
+        params=(_REQUEST_ID,),
+    ),
+    ("POST", "/v1/messages"): Operation(
+        "Create a message in Anthropic's Messages API (JSON, or its SSE events with "
+        "`stream: true`); errors in Anthropic's shape",
+        "inference",
+        "tenant",
+        {_JSON: MessageOut, _SSE: {"type": "string"}},
+        _CALL_ERRORS,
+        body=MessagesBody,
+        params=(_REQUEST_ID,),
+        error=ErrorOut,
+    ),
+    ("POST", "/v1/messages/count_tokens"): Operation(
+        "Estimate the input tokens of a Messages request (no upstream call)",
+        "inference",
+        "tenant",
+        {_JSON: TokenCount},
+        (400, 401, 403, 404),
+        body=MessagesBody,
+        error=ErrorOut,
+    ),
+    ("POST", "/v1/responses"): Operation(
+        "Create a response in OpenAI's Responses API (JSON, or its SSE events with "
+        "`stream: true`); stateless: `previous_response_id` is refused",
+        "inference",
+        "tenant",
+        {_JSON: {"type": "object"}, _SSE: {"type": "string"}},
+        _CALL_ERRORS,
+        body=ResponsesBody,
         params=(_REQUEST_ID,),
     ),
     ("GET", "/v1/models"): Operation(
@@ -304,6 +344,7 @@ def _types_of(operations: Iterable[Operation]) -> list[type]:
         schemas += [schema for _, schema in (op.other or {}).values()]
         if op.body is not None:
             schemas.append(op.body)
+        schemas.append(op.error)
         seen.update((s, None) for s in schemas if isinstance(s, type))
     return list(seen)
 
@@ -323,10 +364,16 @@ def _responses(op: Operation, refs: Mapping[type, dict[str, Any]]) -> dict[str, 
     for status in op.errors:
         answers[str(status)] = {
             "description": _ERROR_TEXT.get(status, "Error"),
-            "content": {_JSON: {"schema": dict(refs[ErrorBody])}},
+            "content": {_JSON: {"schema": dict(refs[op.error])}},
         }
-    # Anything else (a wrong method, an internal error) is in OpenAI's error shape too.
-    answers["default"] = {"$ref": "#/components/responses/Error"}
+    # Anything else (a wrong method, an internal error) is in the route's error shape too.
+    if op.error is ErrorBody:
+        answers["default"] = {"$ref": "#/components/responses/Error"}
+    else:
+        answers["default"] = {
+            "description": "An error in this route's shape",
+            "content": {_JSON: {"schema": dict(refs[op.error])}},
+        }
     return answers
 
 

@@ -150,12 +150,17 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
 
 
 # ---------------------------------------------------------------- invariants
-def error_shape_problem(status: int, content_type: str, body: bytes) -> str | None:
-    """Why a 4xx answer is not OpenAI's error shape, or None when it is."""
+def error_shape_problem(
+    status: int, content_type: str, body: bytes, path: str = ""
+) -> str | None:
+    """Why a 4xx answer is not the route's error shape (Anthropic's on /v1/messages,
+    OpenAI's elsewhere), or None when it is."""
     if not 400 <= status < 500:
         return None
     if not content_type.startswith("application/json"):
         return f"{status} with content type {content_type!r}"
+    if path.startswith("/v1/messages"):
+        return anthropic_shape_problem(status, body)
     try:
         error = json.loads(body)["error"]
     except (ValueError, KeyError, TypeError):
@@ -167,6 +172,19 @@ def error_shape_problem(status: int, content_type: str, body: bytes) -> str | No
     return None if strings and nullable else f"{status} wrong types in {error!r}"
 
 
+def anthropic_shape_problem(status: int, body: bytes) -> str | None:
+    """Why a 4xx answer is not Anthropic's ``{"type": "error", "error": {...}}``."""
+    try:
+        answer = json.loads(body)
+        error = answer["error"]
+        ok = answer["type"] == "error" and all(
+            isinstance(error[k], str) for k in ("type", "message")
+        )
+    except (ValueError, KeyError, TypeError):
+        return f"{status} body is not Anthropic's error shape: {body[:300]!r}"
+    return None if ok else f"{status} wrong Anthropic error {answer!r}"
+
+
 def assert_sound(fuzzed: Fuzzed, answer: httpx.Response, what: str) -> None:
     """The invariants for one answer of a hand-written property."""
     prop = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split(" ")[0]
@@ -174,16 +192,22 @@ def assert_sound(fuzzed: Fuzzed, answer: httpx.Response, what: str) -> None:
     context = f"{what} -> {answer.status_code} {answer.text[:300]!r}"
     assert answer.status_code < 500, f"{context}\ngateway log:\n{fuzzed.log_tail()}"
     problem = error_shape_problem(
-        answer.status_code, answer.headers.get("content-type", ""), answer.content
+        answer.status_code,
+        answer.headers.get("content-type", ""),
+        answer.content,
+        answer.request.url.path,
     )
     assert problem is None, f"{context}: {problem}"
     fuzzed.sample_rss()
 
 
 def openai_error_shape(ctx: Any, response: schemathesis.Response, case: schemathesis.Case) -> None:
-    """Schemathesis check: a 4xx answer is in OpenAI's error shape."""
+    """Schemathesis check: a 4xx answer is in the route's error shape."""
     problem = error_shape_problem(
-        response.status_code, response.headers.get("content-type", [""])[0], response.content
+        response.status_code,
+        response.headers.get("content-type", [""])[0],
+        response.content,
+        case.path,
     )
     assert problem is None, problem
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -70,3 +71,26 @@ def test_local_errors_are_openai_shaped(client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="smollm2", messages=FRANCE, tools=[
             {"type": "function", "function": {"name": "f", "parameters": {}}}])
+
+
+def test_the_anthropic_sdk_reaches_the_local_model(started):
+    claude = anthropic.Anthropic(base_url=started[0].url, api_key="unused", max_retries=0)
+    # This SDK no longer takes ``temperature`` as an argument; the wire field still exists.
+    greedy = {"temperature": 0}
+    message = claude.messages.create(model="smollm2", messages=FRANCE, max_tokens=32,
+                                     extra_body=greedy)
+    assert message.content[0].text == "The capital of France is Paris."
+    assert message.stop_reason == "end_turn" and message.usage.input_tokens == 37
+    with claude.messages.stream(model="smollm2", messages=FRANCE, max_tokens=32,
+                                extra_body=greedy) as stream:
+        assert "".join(stream.text_stream) == "The capital of France is Paris."
+
+
+def test_the_responses_api_reaches_the_local_model(client):
+    response = client.responses.create(model="smollm2", input=FRANCE[0]["content"],
+                                       temperature=0, max_output_tokens=32)
+    assert response.output_text == "The capital of France is Paris."
+    with client.responses.stream(model="smollm2", input=FRANCE[0]["content"], temperature=0,
+                                 max_output_tokens=32) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == "The capital of France is Paris."

@@ -22,10 +22,10 @@ from litestar.testing import AsyncTestClient
 
 from core.clock import FakeClock
 from core.config import load_config
-from core.errors import GatewayError, InvalidRequestError
+from core.errors import InvalidRequestError
 from core.tenancy import UsageRow
 from gateway.cli import usage as cli_usage
-from gateway.http.errors import gateway_error_handler
+from gateway.http.errors import exception_handlers
 from gateway.routes.usage import admin_usage, tenant_usage
 from policies.auth import Authenticator
 from policies.auth.keys import KeysFile
@@ -335,7 +335,7 @@ async def usage_app(tmp_path):
     await asyncio.gather(*(ledger.append(r) for r in rows))
     app = Litestar(
         route_handlers=[admin_usage, tenant_usage],
-        exception_handlers={GatewayError: gateway_error_handler},
+        exception_handlers=exception_handlers(),
     )
     app.state.gateway = SimpleNamespace(ledger=ledger, runtime=SimpleNamespace(auth=auth))
     async with AsyncTestClient(app) as client:
