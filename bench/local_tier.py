@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-seconds", type=float, default=900.0, help="per target")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument(
-        "--phases", default=",".join(SHARES), help=f"comma list of {','.join(SHARES)}",
+        "--phases",
+        default=",".join(SHARES),
+        help=f"comma list of {','.join(SHARES)}",
         type=lambda s: frozenset(s.split(",")),
     )
     args = ap.parse_args(argv)

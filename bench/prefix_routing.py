@@ -116,15 +116,18 @@ async def stream_turn(
             if usage := chunk.get("usage"):
                 turn.output_tokens = usage.get("completion_tokens", turn.output_tokens)
                 turn.prompt_tokens = usage.get("prompt_tokens")
-                turn.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
-                    "cached_tokens"
-                )
+                turn.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     return turn, "".join(text)
 
 
 async def run_user(
-    client: httpx.AsyncClient, args: argparse.Namespace, user: int, system: str,
-    gate: asyncio.Semaphore, stop_at: float, out: list[Turn],
+    client: httpx.AsyncClient,
+    args: argparse.Namespace,
+    user: int,
+    system: str,
+    gate: asyncio.Semaphore,
+    stop_at: float,
+    out: list[Turn],
 ) -> None:
     """One conversation: ``args.turns`` turns, each prompt extending the previous one."""
     rng = random.Random(user * 7919 + args.seed)
@@ -137,11 +140,22 @@ async def run_user(
             await asyncio.sleep(rng.expovariate(1.0 / args.think_s))
         if time.monotonic() >= stop_at:
             return
-        messages.append({"role": "user", "content": f"User {user}, question {number}: "
-                         + words(rng, args.user_words)})
-        body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
-                "temperature": 0.0, "stream": True, "ignore_eos": True,
-                "stream_options": {"include_usage": True}, "user": f"user-{user}"}
+        messages.append(
+            {
+                "role": "user",
+                "content": f"User {user}, question {number}: " + words(rng, args.user_words),
+            }
+        )
+        body = {
+            "model": args.model,
+            "messages": messages,
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "user": f"user-{user}",
+        }
         async with gate:
             try:
                 turn, answer = await stream_turn(client, args.gateway, body)
@@ -166,8 +180,10 @@ async def scrape(client: httpx.AsyncClient, workers: list[str]) -> dict[str, tup
     out: dict[str, tuple[float, float]] = {}
     for url in workers:
         text = (await client.get(f"{url}/metrics", timeout=10)).text
-        out[url] = (_metric(text, "vllm:prefix_cache_hits_total"),
-                    _metric(text, "vllm:prefix_cache_queries_total"))
+        out[url] = (
+            _metric(text, "vllm:prefix_cache_hits_total"),
+            _metric(text, "vllm:prefix_cache_queries_total"),
+        )
     return out
 
 
@@ -182,8 +198,10 @@ async def run_workload(name: str, args: argparse.Namespace, salt: int) -> RunRes
         gate = asyncio.Semaphore(args.concurrency)
         started = time.monotonic()
         stop_at = started + args.max_seconds
-        users = [asyncio.create_task(run_user(client, args, u, system, gate, stop_at,
-                                              result.turns)) for u in range(args.users)]
+        users = [
+            asyncio.create_task(run_user(client, args, u, system, gate, stop_at, result.turns))
+            for u in range(args.users)
+        ]
         # Past the deadline, turns in flight get a grace period, then are cancelled.
         _, pending = await asyncio.wait(users, timeout=args.max_seconds + args.grace_seconds)
         for task in pending:
@@ -211,7 +229,8 @@ def summarize(result: RunResult) -> dict[str, float | None]:
         "ttft_p90_s": _pct(ttfts, 0.9),
         "requests_per_s": len(ok) / result.wall_s if result.wall_s else None,
         "output_tok_per_s": sum(t.output_tokens for t in ok) / result.wall_s
-        if result.wall_s else None,
+        if result.wall_s
+        else None,
     }
     hits = {u: result.after[u][0] - result.before[u][0] for u in result.after}
     queries = {u: result.after[u][1] - result.before[u][1] for u in result.after}
@@ -233,8 +252,9 @@ def render(results: list[RunResult]) -> str:
     rows = ["| figure | " + " | ".join(names) + " |", "|" + " --- |" * (len(names) + 1)]
     for key in keys:
         cells = [figures[n].get(key) for n in names]
-        rows.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in cells)
-                    + " |")
+        rows.append(
+            f"| {key} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in cells) + " |"
+        )
     return "\n".join(rows)
 
 
@@ -246,8 +266,9 @@ def gateway_config(strategy: str, workers: list[str]) -> str:
         f"    first_token_timeout_s: 300\n    saturation: {{max_waiting: 4, stale_after_s: 2.0}}"
         for i, url in enumerate(workers)
     )
-    targets = "\n".join(f"      - {{provider: w{i + 1}, model: {MODEL}}}"
-                        for i in range(len(workers)))
+    targets = "\n".join(
+        f"      - {{provider: w{i + 1}, model: {MODEL}}}" for i in range(len(workers))
+    )
     return (
         "server: {watch_config: false}\nlogging: {level: warning, json: true}\n"
         f"providers:\n{providers}\nmodels:\n  local:\n    strategy: {{type: {strategy}}}\n"
@@ -263,9 +284,20 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-                 "--port", str(self.port)],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "serve",
+                    "--config",
+                    str(config),
+                    "--port",
+                    str(self.port),
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.log = log
 
@@ -296,9 +328,21 @@ def spawned_workers(args: argparse.Namespace, tmp: Path) -> Iterator[list[Worker
     try:
         for index in range(2):
             port = free_port()
-            argv = [sys.executable, "-m", "local_tier.worker", "--port", str(port),
-                    "--served-model-name", MODEL, "--max-model-len", str(args.max_model_len),
-                    "--max-batch-size", str(args.batch), "--kv-cache-tokens", str(args.kv_tokens)]
+            argv = [
+                sys.executable,
+                "-m",
+                "local_tier.worker",
+                "--port",
+                str(port),
+                "--served-model-name",
+                MODEL,
+                "--max-model-len",
+                str(args.max_model_len),
+                "--max-batch-size",
+                str(args.batch),
+                "--kv-cache-tokens",
+                str(args.kv_tokens),
+            ]
             workers.append(WorkerProcess(argv, port=port, log_path=tmp / f"worker{index}.log"))
             workers[-1].start()
         for worker in workers:
@@ -321,20 +365,26 @@ def prompt_tokens(worker: str, args: argparse.Namespace) -> int | None:
     """The shared system prompt's length in tokens, as the worker's /tokenize counts it."""
     messages = [{"role": "system", "content": system_prompt(0, args.system_words)}]
     with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
-        reply = httpx.post(f"{worker}/tokenize", json={"model": MODEL, "messages": messages},
-                           timeout=30)
+        reply = httpx.post(
+            f"{worker}/tokenize", json={"model": MODEL, "messages": messages}, timeout=30
+        )
         return int(reply.json()["count"])
     return None
 
 
 def spawn(args: argparse.Namespace) -> list[RunResult]:
     results: list[RunResult] = []
-    with tempfile.TemporaryDirectory(prefix="bench-prefix-") as tmp_name, \
-            spawned_workers(args, Path(tmp_name)) as workers:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-prefix-") as tmp_name,
+        spawned_workers(args, Path(tmp_name)) as workers,
+    ):
         tmp = Path(tmp_name)
         urls = [w.base_url for w in workers]
-        print(f"[bench] workers healthy: {urls}; system prompt "
-              f"{prompt_tokens(urls[0], args)} tokens; warming up", file=sys.stderr)
+        print(
+            f"[bench] workers healthy: {urls}; system prompt "
+            f"{prompt_tokens(urls[0], args)} tokens; warming up",
+            file=sys.stderr,
+        )
         asyncio.run(warm_up(urls, args))
         for strategy in args.strategies:
             config = tmp / f"{strategy}.yaml"
@@ -342,8 +392,9 @@ def spawn(args: argparse.Namespace) -> list[RunResult]:
             gateway = Gateway(config, tmp / f"gateway-{strategy}.log")
             try:
                 gateway.wait_ready()
-                run = argparse.Namespace(**{**vars(args), "gateway": gateway.url,
-                                            "model": "local", "worker": urls})
+                run = argparse.Namespace(
+                    **{**vars(args), "gateway": gateway.url, "model": "local", "worker": urls}
+                )
                 print(f"[bench] {strategy}: running", file=sys.stderr)
                 results.append(asyncio.run(run_workload(strategy, run, random.randrange(10**9))))
             finally:

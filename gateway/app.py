@@ -68,9 +68,7 @@ def create_app(
         ],
         lifespan=[lifespan],
         middleware=[finish_abandoned],
-        exception_handlers=exception_handlers(
-            by_prefix={messages.PATH: messages.anthropic_shape}
-        ),
+        exception_handlers=exception_handlers(by_prefix={messages.PATH: messages.anthropic_shape}),
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,
         logging_config=None,

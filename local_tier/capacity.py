@@ -305,9 +305,13 @@ class CapacityMonitor:
         if capacity and new_tokens > 0:
             kv = min(1.0, kv + new_tokens / capacity)
         return estimate(
-            snap.read_at, snap.num_requests_running, snap.num_requests_waiting, kv,
+            snap.read_at,
+            snap.num_requests_running,
+            snap.num_requests_waiting,
+            kv,
             net_sent=replica.in_flight - replica.in_flight_at_poll,
-            in_flight=replica.in_flight, slots=replica.slots(),
+            in_flight=replica.in_flight,
+            slots=replica.slots(),
         )
 
     def signals(self, label: str) -> ReplicaSignals:
@@ -336,9 +340,14 @@ class CapacityMonitor:
             blocks = self.prefix_index.matched(label, prefix_hashes)
         snap = replica.snapshot
         return TargetHealth(
-            ttft_s=replica.ttft_s, saturated=saturated, waiting=signals.waiting,
-            running=signals.running, kv_usage=signals.kv_usage, in_flight=signals.in_flight,
-            prefix_blocks=blocks, cache_hit_rate=snap.prefix_hit_rate if snap else None,
+            ttft_s=replica.ttft_s,
+            saturated=saturated,
+            waiting=signals.waiting,
+            running=signals.running,
+            kv_usage=signals.kv_usage,
+            in_flight=signals.in_flight,
+            prefix_blocks=blocks,
+            cache_hit_rate=snap.prefix_hit_rate if snap else None,
         )
 
     def predicted_ttft(self, label: str) -> float | None:

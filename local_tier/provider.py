@@ -207,7 +207,10 @@ class JaxProvider:
 
 def _capabilities(max_context: int) -> Capabilities:
     return Capabilities(
-        streaming=True, tools=False, vision=False, json_schema=False,
-        completions=True, max_context=max_context,
+        streaming=True,
+        tools=False,
+        vision=False,
+        json_schema=False,
+        completions=True,
+        max_context=max_context,
     )
-

@@ -114,9 +114,7 @@ def _message_text(msg: Message) -> str:
     texts = []
     for part in msg.content:
         if not isinstance(part, TextPart):
-            raise InvalidRequestError(
-                "This model accepts text content only.", param="messages"
-            )
+            raise InvalidRequestError("This model accepts text content only.", param="messages")
         texts.append(part.text)
     return "".join(texts)
 
@@ -162,9 +160,7 @@ def sampling_params(
     )
 
 
-def chat_generation(
-    engine: EngineProtocol, req: ChatRequest, request_id: str
-) -> GenerationRequest:
+def chat_generation(engine: EngineProtocol, req: ChatRequest, request_id: str) -> GenerationRequest:
     """Validate a chat request and turn it into the engine's request (the model's own chat
     template renders the prompt)."""
     check_chat_features(req)
@@ -385,4 +381,3 @@ async def completion_stream(
                     yield RawStreamPart(_encode(body), usage)
                 return
     raise UpstreamServerError("The model server ended the stream without a finish reason.")
-

@@ -239,10 +239,12 @@ class AdmissionQueue:
             future = self._futures.get(ticket)
             if future is not None and not future.done():
                 waited = now - ticket.enqueued_at
-                future.set_exception(ServiceUnavailableError(
-                    f"No capacity for this request within its {waited:.1f} s queue deadline.",
-                    retry_after=self._core.wait_estimate(now),
-                ))
+                future.set_exception(
+                    ServiceUnavailableError(
+                        f"No capacity for this request within its {waited:.1f} s queue deadline.",
+                        retry_after=self._core.wait_estimate(now),
+                    )
+                )
 
     def _pump(self) -> None:
         self.expire()

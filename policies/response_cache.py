@@ -51,8 +51,15 @@ __all__ = [
 # - metadata, store: tags for OpenAI's stored completions, not inputs to the model;
 # - prompt_cache_key: routes to the vendor's prompt cache, which never changes the output.
 IGNORED_FIELDS = frozenset(
-    {"stream", "stream_options", "user", "safety_identifier", "metadata", "store",
-     "prompt_cache_key"}
+    {
+        "stream",
+        "stream_options",
+        "user",
+        "safety_identifier",
+        "metadata",
+        "store",
+        "prompt_cache_key",
+    }
 )
 KEY_PREFIX = "response_cache:"
 
@@ -114,9 +121,7 @@ class ResponseCache:
         self.config = config
         self._store = store
         self._clock = clock
-        self._lru: OrderedDict[str, None] | None = (
-            OrderedDict() if store.name == "memory" else None
-        )
+        self._lru: OrderedDict[str, None] | None = OrderedDict() if store.name == "memory" else None
         self.errors = 0  # store failures absorbed (reads as misses, writes skipped)
         self.too_big = 0  # answers not stored for their size
 

@@ -95,7 +95,7 @@ def test_gateway_rooms_import_inwards_only():
         room = room_of(path)
         if room not in ROOMS:
             continue  # gateway/__init__.py: the version only
-        allowed = set(ROOMS[ROOMS.index(room):])
+        allowed = set(ROOMS[ROOMS.index(room) :])
         bad = gateway_imports(path) - allowed
         if bad:
             wrong[str(path.relative_to(ROOT))] = sorted(bad)

@@ -26,8 +26,11 @@ def parse_outage(text: str, span_s: float) -> list[Outage]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.simulator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.simulator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second")
@@ -42,8 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     mix = ", ".join(f"{c.name} {100 * c.share:.0f}% (TTFT <= {c.slo_ttft_ms:g} ms)" for c in MIXED)
     print(f"{args.requests} requests over {span / 3600:.2f} h at {args.rate:g}/s, seed {args.seed}")
     print(f"mix: {mix}")
-    print("outages: " + (", ".join(f"{o.label} {o.start_s:.0f}-{o.end_s:.0f}s" for o in outages)
-                         or "none"))
+    print(
+        "outages: "
+        + (", ".join(f"{o.label} {o.start_s:.0f}-{o.end_s:.0f}s" for o in outages) or "none")
+    )
     print()
     print(table(summaries, ALL))
     print()

@@ -58,19 +58,31 @@ class _NoProvider:
 
 def as_target(model: SimTarget, weight: float = 1.0) -> Target:
     provider, _, name = model.label.partition("/")
-    return Target(alias=ALIAS, provider_name=provider, model=name,
-                  provider=_NoProvider(),  # type: ignore[arg-type]
-                  timeouts=Timeouts(), weight=weight, price=model.price,
-                  local=isinstance(model, LocalTier), max_context=model.max_context)
+    return Target(
+        alias=ALIAS,
+        provider_name=provider,
+        model=name,
+        provider=_NoProvider(),  # type: ignore[arg-type]
+        timeouts=Timeouts(),
+        weight=weight,
+        price=model.price,
+        local=isinstance(model, LocalTier),
+        max_context=model.max_context,
+    )
 
 
 class Simulation:
     """Runs ``strategy`` over ``targets`` (in config order) with ``outages``. Each
     simulation owns fresh copies of the targets, so runs never share a local queue."""
 
-    def __init__(self, targets: Sequence[SimTarget], strategy: Strategy,
-                 outages: Sequence[Outage] = (), seed: int = 1,
-                 weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        targets: Sequence[SimTarget],
+        strategy: Strategy,
+        outages: Sequence[Outage] = (),
+        seed: int = 1,
+        weights: dict[str, float] | None = None,
+    ) -> None:
         self.models = {m.label: copy.deepcopy(m) for m in targets}
         self.targets = [as_target(m, (weights or {}).get(m.label, 1.0)) for m in targets]
         self.strategy = strategy
@@ -92,8 +104,12 @@ class Simulation:
     def route(self, req: SimRequest) -> Outcome:
         """Plan and serve one request (see the module docstring)."""
         self.board.advance(req.arrival_s)
-        route = RouteRequest(model=ALIAS, prompt_tokens=req.prompt_tokens,
-                             max_tokens=req.max_tokens, slo_ttft_ms=req.slo_ttft_ms)
+        route = RouteRequest(
+            model=ALIAS,
+            prompt_tokens=req.prompt_tokens,
+            max_tokens=req.max_tokens,
+            slo_ttft_ms=req.slo_ttft_ms,
+        )
         try:
             plan = plan_route(route, self.targets, self.board, self.strategy, self.rng)
         except InvalidRequestError:  # no target's context window fits
@@ -116,8 +132,15 @@ class Simulation:
                 continue
             service = self.models[label].serve(at_s, req, noise)
             end_s = at_s + service.total_s(req.output_tokens)
-            self.board.succeeded(label, at_s, service.ttft_s, service.tpot_s, end_s,
-                                 req.prompt_tokens, req.output_tokens)
+            self.board.succeeded(
+                label,
+                at_s,
+                service.ttft_s,
+                service.tpot_s,
+                end_s,
+                req.prompt_tokens,
+                req.output_tokens,
+            )
             ttft = at_s - req.arrival_s + service.ttft_s
             return Outcome(req, label, ttft, service.cost_usd, tuple(failed))
         return Outcome(req, None, None, 0.0, tuple(failed))

@@ -55,8 +55,7 @@ class HealthBoard:
     trip_after: int = 5
     cooldown_s: float = 15.0
     _stats: dict[str, _Stats] = field(default_factory=dict)
-    _events: list[tuple[float, int, str, str, float, int | None]] = field(
-        default_factory=list)
+    _events: list[tuple[float, int, str, str, float, int | None]] = field(default_factory=list)
     _seq: int = 0
     _now: float = 0.0
     _clock: _SimClock = field(default_factory=_SimClock)
@@ -67,17 +66,25 @@ class HealthBoard:
         self.latency = LatencyStats(self._clock)
 
     # ------------------------------------------------------------ observations
-    def _push(self, at_s: float, kind: str, label: str, value: float = 0.0,
-              tokens: int | None = None) -> None:
+    def _push(
+        self, at_s: float, kind: str, label: str, value: float = 0.0, tokens: int | None = None
+    ) -> None:
         self._seq += 1
         heapq.heappush(self._events, (at_s, self._seq, kind, label, value, tokens))
 
     def started(self, label: str) -> None:
         self._stats[label].in_flight += 1
 
-    def succeeded(self, label: str, start_s: float, ttft_s: float, tpot_s: float,
-                  end_s: float, prompt_tokens: int | None = None,
-                  output_tokens: int = 1) -> None:
+    def succeeded(
+        self,
+        label: str,
+        start_s: float,
+        ttft_s: float,
+        tpot_s: float,
+        end_s: float,
+        prompt_tokens: int | None = None,
+        output_tokens: int = 1,
+    ) -> None:
         """A served attempt: its first token at ``start_s + ttft_s`` (a TTFT sample, with
         ``prompt_tokens`` when given), its last at ``end_s`` (``output_tokens`` decoded at
         ``tpot_s`` each)."""
@@ -96,8 +103,7 @@ class HealthBoard:
             self._apply(at_s, kind, label, value, tokens)
         self._clock.at = now_s
 
-    def _apply(self, at_s: float, kind: str, label: str, value: float,
-               tokens: int | None) -> None:
+    def _apply(self, at_s: float, kind: str, label: str, value: float, tokens: int | None) -> None:
         stats = self._stats[label]
         if kind == "ttft":
             self.latency.observe_ttft(label, value, tokens)

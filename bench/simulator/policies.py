@@ -50,8 +50,13 @@ POLICIES = (
 )
 
 
-def run_policy(policy: Policy, targets: Sequence[SimTarget], trace: Sequence[SimRequest],
-               outages: Sequence[Outage], seed: int) -> Summary:
+def run_policy(
+    policy: Policy,
+    targets: Sequence[SimTarget],
+    trace: Sequence[SimRequest],
+    outages: Sequence[Outage],
+    seed: int,
+) -> Summary:
     """Simulate ``policy`` over ``trace`` and summarise it."""
     by_label = {t.label: t for t in targets}
     chosen = [by_label[label] for label in policy.labels]
@@ -63,7 +68,11 @@ def run_policy(policy: Policy, targets: Sequence[SimTarget], trace: Sequence[Sim
     return summarise(policy.name, outcomes, {t.label for t in locals_}, fixed)
 
 
-def run_all(targets: Sequence[SimTarget], trace: Sequence[SimRequest],
-            outages: Sequence[Outage], seed: int,
-            policies: Sequence[Policy] = POLICIES) -> list[Summary]:
+def run_all(
+    targets: Sequence[SimTarget],
+    trace: Sequence[SimRequest],
+    outages: Sequence[Outage],
+    seed: int,
+    policies: Sequence[Policy] = POLICIES,
+) -> list[Summary]:
     return [run_policy(p, targets, trace, outages, seed) for p in policies]

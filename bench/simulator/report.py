@@ -40,8 +40,9 @@ class Summary:
         return self.slo_met / self.requests if self.requests else 0.0
 
 
-def summarise(policy: str, outcomes: Sequence[Outcome], local_labels: set[str],
-              fixed_usd: float) -> Summary:
+def summarise(
+    policy: str, outcomes: Sequence[Outcome], local_labels: set[str], fixed_usd: float
+) -> Summary:
     """Aggregate ``outcomes``; ``fixed_usd`` is the hourly bill of the local tier for the
     trace's duration (0 when the policy has no local target)."""
     classes: dict[str, list[int]] = {}
@@ -67,18 +68,25 @@ def table(summaries: Sequence[Summary], labels: Sequence[str]) -> str:
     """A fixed-width table, one row per policy."""
     classes = sorted({k for s in summaries for k in s.per_class})
     short = [label.split("/")[-1] for label in labels]
-    head = (f"{'policy':<15}{'$/1k req':>10}{'$/1k billed':>12}{'SLO met':>9}"
-            + "".join(f"{k[:9]:>10}" for k in classes)
-            + f"{'fallback':>9}{'failed':>7}  share " + "/".join(short))
+    head = (
+        f"{'policy':<15}{'$/1k req':>10}{'$/1k billed':>12}{'SLO met':>9}"
+        + "".join(f"{k[:9]:>10}" for k in classes)
+        + f"{'fallback':>9}{'failed':>7}  share "
+        + "/".join(short)
+    )
     rows = [head, "-" * len(head)]
     for s in summaries:
         per_class = "".join(
-            f"{100.0 * s.per_class[k][0] / max(1, s.per_class[k][1]):>9.1f}%" for k in classes)
-        share = "/".join(f"{100.0 * s.served.get(label, 0) / max(1, s.requests):.0f}"
-                         for label in labels)
-        rows.append(f"{s.policy:<15}{s.cost_per_1k:>10.3f}{s.billed_per_1k:>12.3f}"
-                    f"{100.0 * s.attainment:>8.1f}%{per_class}{s.fallbacks:>9}{s.failed:>7}"
-                    f"  {share}")
+            f"{100.0 * s.per_class[k][0] / max(1, s.per_class[k][1]):>9.1f}%" for k in classes
+        )
+        share = "/".join(
+            f"{100.0 * s.served.get(label, 0) / max(1, s.requests):.0f}" for label in labels
+        )
+        rows.append(
+            f"{s.policy:<15}{s.cost_per_1k:>10.3f}{s.billed_per_1k:>12.3f}"
+            f"{100.0 * s.attainment:>8.1f}%{per_class}{s.fallbacks:>9}{s.failed:>7}"
+            f"  {share}"
+        )
     return "\n".join(rows)
 
 
@@ -88,7 +96,9 @@ def verdict(slo: Summary, premium: Summary) -> str:
     saving = 1.0 - slo.cost_usd / premium.cost_usd if premium.cost_usd else 0.0
     billed = 1.0 - slo.billed_usd / premium.billed_usd if premium.billed_usd else 0.0
     ok = saving >= 0.4 and billed >= 0.4 and slo.attainment >= premium.attainment
-    return (f"slo vs always-premium: {100 * saving:.0f}% cheaper per request "
-            f"({100 * billed:.0f}% on the hourly-billed measure), SLO met "
-            f"{100 * slo.attainment:.1f}% vs {100 * premium.attainment:.1f}%"
-            f" -> target {'met' if ok else 'NOT met'}")
+    return (
+        f"slo vs always-premium: {100 * saving:.0f}% cheaper per request "
+        f"({100 * billed:.0f}% on the hourly-billed measure), SLO met "
+        f"{100 * slo.attainment:.1f}% vs {100 * premium.attainment:.1f}%"
+        f" -> target {'met' if ok else 'NOT met'}"
+    )

@@ -139,13 +139,39 @@ class Outage:
 def default_targets() -> list[SimTarget]:
     """premium, mid and cheap hosted models and one local GPU (see the module docstring)."""
     return [
-        LocalTier("local/small", hourly_usd=2.5, tokens_per_s=2500.0, slots=16,
-                  ttft_base_s=0.08, prefill_s_per_token=0.0001, tpot_s=0.02, load_slope=1.0,
-                  noise_sigma=0.15),
-        ManagedModel("vendor/cheap", Price(input_per_mtok=0.10, output_per_mtok=0.40),
-                     ttft_base_s=0.8, prefill_s_per_token=0.00006, tpot_s=0.008, noise_sigma=0.5),
-        ManagedModel("vendor/mid", Price(input_per_mtok=0.40, output_per_mtok=1.60),
-                     ttft_base_s=0.35, prefill_s_per_token=0.00004, tpot_s=0.012, noise_sigma=0.35),
-        ManagedModel("vendor/premium", Price(input_per_mtok=3.0, output_per_mtok=15.0),
-                     ttft_base_s=0.45, prefill_s_per_token=0.00003, tpot_s=0.02, noise_sigma=0.35),
+        LocalTier(
+            "local/small",
+            hourly_usd=2.5,
+            tokens_per_s=2500.0,
+            slots=16,
+            ttft_base_s=0.08,
+            prefill_s_per_token=0.0001,
+            tpot_s=0.02,
+            load_slope=1.0,
+            noise_sigma=0.15,
+        ),
+        ManagedModel(
+            "vendor/cheap",
+            Price(input_per_mtok=0.10, output_per_mtok=0.40),
+            ttft_base_s=0.8,
+            prefill_s_per_token=0.00006,
+            tpot_s=0.008,
+            noise_sigma=0.5,
+        ),
+        ManagedModel(
+            "vendor/mid",
+            Price(input_per_mtok=0.40, output_per_mtok=1.60),
+            ttft_base_s=0.35,
+            prefill_s_per_token=0.00004,
+            tpot_s=0.012,
+            noise_sigma=0.35,
+        ),
+        ManagedModel(
+            "vendor/premium",
+            Price(input_per_mtok=3.0, output_per_mtok=15.0),
+            ttft_base_s=0.45,
+            prefill_s_per_token=0.00003,
+            tpot_s=0.02,
+            noise_sigma=0.35,
+        ),
     ]

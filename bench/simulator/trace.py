@@ -78,9 +78,11 @@ def make_trace(
     for index in range(n):
         now += rng.expovariate(rate_per_s)
         klass = _pick(rng, mix)
-        prompt = _lognormal(rng, klass.prompt_median, klass.prompt_sigma, klass.prompt_lo,
-                            klass.prompt_hi)
+        prompt = _lognormal(
+            rng, klass.prompt_median, klass.prompt_sigma, klass.prompt_lo, klass.prompt_hi
+        )
         output = _lognormal(rng, klass.output_median, klass.output_sigma, 1, klass.max_tokens)
-        trace.append(SimRequest(index, now, klass.name, prompt, output, klass.max_tokens,
-                                klass.slo_ttft_ms))
+        trace.append(
+            SimRequest(index, now, klass.name, prompt, output, klass.max_tokens, klass.slo_ttft_ms)
+        )
     return trace

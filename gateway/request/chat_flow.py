@@ -128,8 +128,11 @@ async def _replay(scope: Scope, ingress: Ingress, hit: ChatResponse) -> Response
     record.first_byte()
     parts = [StreamPart(chunk) for chunk in chunks_of(hit, include_usage=True)]
     frames = [codec.start(), *(codec.frame(p) for p in parts), codec.end()]
-    return Stream(_iterate([f for f in frames if f]), media_type="text/event-stream",
-                  headers=sse_headers(record))
+    return Stream(
+        _iterate([f for f in frames if f]),
+        media_type="text/event-stream",
+        headers=sse_headers(record),
+    )
 
 
 async def _iterate(frames: list[bytes]) -> AsyncIterator[bytes]:

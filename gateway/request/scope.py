@@ -347,8 +347,6 @@ class Scope:
             self.state.spawn(self.state.sticky.remember(tenant, self._sticky_hash, served.label))
 
 
-
-
 def body_tokens(raw: bytes) -> int:
     """Prompt tokens of a request no tokenizer has seen, roughly (bytes / 4)."""
     return len(raw) // 4

@@ -44,9 +44,7 @@ def sse_headers(record: RequestRecord) -> dict[str, str]:
     return {**record.headers(), "cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def sse_response(
-    scope: Scope, first: P, rest: AsyncIterator[P], codec: StreamCodec[P]
-) -> Stream:
+def sse_response(scope: Scope, first: P, rest: AsyncIterator[P], codec: StreamCodec[P]) -> Stream:
     """The streamed response for an opened upstream stream (``first`` and ``rest``)."""
     scope.hold(rest)
     scope.record.first_byte()

@@ -295,9 +295,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         (400, 401, 403, 503),
         params=_USAGE_PARAMS,
     ),
-    ("GET", OPENAPI_PATH): Operation(
-        "This document", "meta", "none", {_JSON: {"type": "object"}}
-    ),
+    ("GET", OPENAPI_PATH): Operation("This document", "meta", "none", {_JSON: {"type": "object"}}),
 }
 
 _SECURITY_SCHEMES = {

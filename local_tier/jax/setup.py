@@ -123,18 +123,14 @@ def warmup_shapes(buckets: Buckets, config: EngineConfig) -> list[tuple[int, int
     - one-row prefill of every chunk after a cached context of up to 1024 tokens: the steps a
       prefix-cache hit and a long prompt's later chunks run."""
     budget = config.prefill_chunk_tokens
-    decode = [
-        (b, 1, p) for b in buckets.decode_batch for p in buckets.context if 0 < p <= 512
-    ]
+    decode = [(b, 1, p) for b in buckets.decode_batch for p in buckets.context if 0 < p <= 512]
     prefill = [
         (r, t, 0)
         for r in buckets.prefill_rows
         for t in buckets.prefill_len
         if r == 1 or r * t <= budget
     ]
-    hits = [
-        (1, t, p) for t in buckets.prefill_len for p in buckets.prefill_ctx if 0 < p <= 1024
-    ]
+    hits = [(1, t, p) for t in buckets.prefill_len for p in buckets.prefill_ctx if 0 < p <= 1024]
     return prefill + hits + decode
 
 

@@ -207,7 +207,13 @@ def create_app(state: WorkerState) -> Litestar:
 
     return Litestar(
         route_handlers=[
-            chat_completions, completions, models, health, tokenize, detokenize, metrics,
+            chat_completions,
+            completions,
+            models,
+            health,
+            tokenize,
+            detokenize,
+            metrics,
         ],
         on_startup=[startup],
         on_shutdown=[state.shutdown],

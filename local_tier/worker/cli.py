@@ -36,14 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=WORKER_DTYPE)
     p.add_argument("--backend", choices=["auto", "cpu", "gpu", "tpu"], default=_DEFAULTS.backend)
-    p.add_argument("--max-batch-size", "--max-num-seqs", type=int,
-                   default=WORKER_MAX_BATCH, dest="max_batch_size")
+    p.add_argument(
+        "--max-batch-size",
+        "--max-num-seqs",
+        type=int,
+        default=WORKER_MAX_BATCH,
+        dest="max_batch_size",
+    )
     p.add_argument("--max-model-len", type=int, default=_DEFAULTS.max_model_len)
     p.add_argument("--kv-cache-tokens", type=int, default=_DEFAULTS.kv_cache_tokens)
     p.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
     p.add_argument("--compile-cache-dir", default=None)
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
 
@@ -86,9 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         return await open_engine(cfg, log.info)
 
     app = create_app(WorkerState(config, load, on_fatal=fatal))
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level,
-        lifespan="on", timeout_graceful_shutdown=5,
-    ))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+    )
     server.run()
     return 1 if failures else 0

@@ -20,35 +20,114 @@ from local_tier.jax.api import EngineStats, GenerationOutput
 from local_tier.serving import owned
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards line up.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 StatsFn = Callable[[], EngineStats | None]
 LABELS = ["engine", "model_name"]
 ENGINE = "0"  # one engine per worker process, like a vLLM server without data parallelism
 
 _GAUGES = (
-    ("vllm:num_requests_running", "Number of requests in model execution batches.",
-     "num_requests_running"),
-    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-     "num_requests_waiting"),
-    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-     "kv_cache_usage_perc"),
+    (
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        "num_requests_running",
+    ),
+    (
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        "num_requests_waiting",
+    ),
+    (
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        "kv_cache_usage_perc",
+    ),
 )
 _COUNTERS = (
-    ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-     "prefix_cache_queries_total"),
-    ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-     "prefix_cache_hits_total"),
+    (
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_cache_queries_total",
+    ),
+    (
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        "prefix_cache_hits_total",
+    ),
     ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_total"),
-    ("vllm:generation_tokens", "Number of generation tokens processed.",
-     "generation_tokens_total"),
-    ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
-     "num_preemptions_total"),
+    ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens_total"),
+    (
+        "vllm:num_preemptions",
+        "Cumulative number of preemptions from the engine.",
+        "num_preemptions_total",
+    ),
 )
 
 
@@ -72,7 +151,8 @@ class EngineCollector(Collector):
             counter.add_metric([ENGINE, self._model], float(getattr(stats, field)))
             yield counter
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
             labels=["block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"],
         )
         info.add_metric([str(stats.block_size), "True", ENGINE, str(stats.num_blocks)], 1.0)
@@ -87,20 +167,31 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(model_name, stats))
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            LABELS, registry=self.registry, buckets=TTFT_BUCKETS,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            LABELS,
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
         ).labels(ENGINE, model_name)
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            LABELS, registry=self.registry, buckets=ITL_BUCKETS,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            LABELS,
+            registry=self.registry,
+            buckets=ITL_BUCKETS,
         ).labels(ENGINE, model_name)
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-            LABELS, registry=self.registry, buckets=E2E_BUCKETS,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            LABELS,
+            registry=self.registry,
+            buckets=E2E_BUCKETS,
         ).labels(ENGINE, model_name)
         self.success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            [*LABELS, "finished_reason"], registry=self.registry,
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*LABELS, "finished_reason"],
+            registry=self.registry,
         )
 
     def render(self) -> bytes:

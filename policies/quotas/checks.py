@@ -77,8 +77,11 @@ def ratelimit_headers(checks: Sequence[Check], used: Sequence[float], now: float
     the tenant's and the key's limits (the one with least remaining)."""
     headers: dict[str, str] = {}
     for metric in ("requests", "tokens"):
-        found = [(remaining(u, c.spec.limit), c) for c, u in zip(checks, used, strict=True)
-                 if c.spec.metric == metric]
+        found = [
+            (remaining(u, c.spec.limit), c)
+            for c, u in zip(checks, used, strict=True)
+            if c.spec.metric == metric
+        ]
         if not found:
             continue
         left, check = min(found, key=lambda pair: pair[0])
@@ -101,8 +104,10 @@ class TenantPlan:
 
 def plan_for(name: str, config: TenantConfig) -> TenantPlan:
     return TenantPlan(
-        f"quota:{{{name}}}", specs_for(config.limits, "tenant"),
-        specs_for(config.key_limits, "key"), config.on_store_failure,
+        f"quota:{{{name}}}",
+        specs_for(config.limits, "tenant"),
+        specs_for(config.key_limits, "key"),
+        config.on_store_failure,
     )
 
 
@@ -130,7 +135,8 @@ def rejection(
     is the latest of their resets (all must clear), x-ratelimit-* headers are set. Code
     ``insufficient_quota`` (OpenAI's, for spend) when a spend budget is among them."""
     failing = [
-        (c, u) for c, u in zip(checks, used, strict=True)
+        (c, u)
+        for c, u in zip(checks, used, strict=True)
         if not fits(u, 1 if c.spec.kind == "c" else c.amount, c.spec.limit)
     ]
     if not failing:  # the store saw state we no longer see: report the tightest limit

@@ -132,12 +132,20 @@ class QuotaManager:
         self.unavailable_rejections = 0  # 503s for fail-closed tenants
         self.settle_failures = 0  # settles lost to store errors (logged)
 
-    def _checks(self, plan: TenantPlan, key_id: str | None, tokens: int, cost: float,
-                now: float) -> tuple[Check, ...]:
-        amounts = {"requests": 1.0, "tokens": float(tokens), "concurrency": 1.0,
-                   "usd_day": cost, "usd_month": cost}
-        out = [Check(s, key_for(s, plan.base + ":t", now), amounts[s.metric])
-               for s in plan.tenant_specs]
+    def _checks(
+        self, plan: TenantPlan, key_id: str | None, tokens: int, cost: float, now: float
+    ) -> tuple[Check, ...]:
+        amounts = {
+            "requests": 1.0,
+            "tokens": float(tokens),
+            "concurrency": 1.0,
+            "usd_day": cost,
+            "usd_month": cost,
+        }
+        out = [
+            Check(s, key_for(s, plan.base + ":t", now), amounts[s.metric])
+            for s in plan.tenant_specs
+        ]
         if key_id is not None and plan.key_specs:
             base = f"{plan.base}:k:{key_id}"
             out += [Check(s, key_for(s, base, now), amounts[s.metric]) for s in plan.key_specs]
@@ -169,8 +177,9 @@ class QuotaManager:
             self.unavailable_rejections += 1
             raise self._unavailable(tenant) from exc
 
-    async def _admit_on(self, store: Store, plan: TenantPlan, ask: _Ask, *,
-                        degraded: bool) -> Admission:
+    async def _admit_on(
+        self, store: Store, plan: TenantPlan, ask: _Ask, *, degraded: bool
+    ) -> Admission:
         now = store.now()
         checks = self._checks(plan, ask.key_id, ask.tokens, ask.cost, now)
         if not checks:
@@ -203,8 +212,13 @@ class QuotaManager:
         now = self.clock.now()
         if self._logged_at is None or now - self._logged_at >= self.log_every_s:
             self._logged_at = now
-            _log.warning("quota.store_unavailable", tenant=tenant, fallback="local limits",
-                         error=str(exc), degraded_admissions=self.degraded_admissions)
+            _log.warning(
+                "quota.store_unavailable",
+                tenant=tenant,
+                fallback="local limits",
+                error=str(exc),
+                degraded_admissions=self.degraded_admissions,
+            )
 
     async def current(self, tenant: str, key_id: str | None = None) -> list[dict[str, Any]]:
         """The tenant's (and, with ``key_id``, that key's) use of each of its limits right
@@ -219,11 +233,16 @@ class QuotaManager:
         checks = self._checks(plan, key_id, 0, 0.0, now)
         if not checks:
             return []
-        reply = await self.store.run(PEEK, [c.key for c in checks],
-                                     [now, *(c.spec.kind for c in checks)])
+        reply = await self.store.run(
+            PEEK, [c.key for c in checks], [now, *(c.spec.kind for c in checks)]
+        )
         return [
-            {"scope": c.spec.scope, "metric": c.spec.metric, "limit": c.spec.limit,
-             "used": float(u if isinstance(u, str) else u.decode())}
+            {
+                "scope": c.spec.scope,
+                "metric": c.spec.metric,
+                "limit": c.spec.limit,
+                "used": float(u if isinstance(u, str) else u.decode()),
+            }
             for c, u in zip(checks, reply, strict=True)
         ]
 
@@ -237,8 +256,11 @@ class QuotaManager:
         if admission.settled or store is None:
             return
         admission.settled = True  # before awaiting: a concurrent second call is a no-op
-        actual = {"tokens": float(max(0, tokens)), "usd_day": _usd(cost_usd),
-                  "usd_month": _usd(cost_usd)}
+        actual = {
+            "tokens": float(max(0, tokens)),
+            "usd_day": _usd(cost_usd),
+            "usd_month": _usd(cost_usd),
+        }
         try:
             keys, args = self._settle_args(admission, store.now(), actual)
             if keys:
@@ -247,12 +269,17 @@ class QuotaManager:
             self.settle_failures += 1
             leases = _lease_keys(admission.checks)
             self.releases.add(store, admission.request_id, leases)
-            _log.warning("quota.settle_failed", tenant=admission.tenant,
-                         request_id=admission.request_id, error=repr(exc),
-                         lease_release="retried" if leases else "none")
+            _log.warning(
+                "quota.settle_failed",
+                tenant=admission.tenant,
+                request_id=admission.request_id,
+                error=repr(exc),
+                lease_release="retried" if leases else "none",
+            )
 
-    def _settle_args(self, admission: Admission, now: float,
-                     actual: dict[str, float]) -> tuple[list[str], list[Value]]:
+    def _settle_args(
+        self, admission: Admission, now: float, actual: dict[str, float]
+    ) -> tuple[list[str], list[Value]]:
         keys: list[str] = []
         args: list[Value] = [admission.request_id]
         for check in admission.checks:
@@ -268,6 +295,9 @@ class QuotaManager:
                 continue
             current = check.key.rsplit(":", 1)[0] + f":{bounds(spec.window, now)[0]}"
             keys += [check.key, current]
-            args += [spec.kind, int(delta) if spec.kind == "n" else repr(delta),
-                     repr(ttl_for(spec, now, self.lease_s))]
+            args += [
+                spec.kind,
+                int(delta) if spec.kind == "n" else repr(delta),
+                repr(ttl_for(spec, now, self.lease_s)),
+            ]
         return keys, args

@@ -29,8 +29,7 @@ return 1
 """
 
 
-def release_python(data: MemoryData, keys: Sequence[str], args: Sequence[Value],
-                   now: float) -> Any:
+def release_python(data: MemoryData, keys: Sequence[str], args: Sequence[Value], now: float) -> Any:
     """The Python twin of ``RELEASE_LUA``."""
     del now
     for key in keys:

@@ -47,8 +47,13 @@ from tests.fixtures.server import resetting_server, serve
 pytestmark = pytest.mark.anyio
 
 HELLO = [Message("user", "Hi")]
-WEATHER = Tool(FunctionDef("get_weather", "Weather by city",
-                           {"type": "object", "properties": {"city": {"type": "string"}}}))
+WEATHER = Tool(
+    FunctionDef(
+        "get_weather",
+        "Weather by city",
+        {"type": "object", "properties": {"city": {"type": "string"}}},
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +77,18 @@ def url(served: tuple[FakeAnthropic, str]) -> str:
 
 
 @asynccontextmanager
-async def anthropic(base_url: str, api_key: str | None = "sk-ant-test",
-                    **config: Any) -> AsyncIterator[AnthropicProvider]:
+async def anthropic(
+    base_url: str, api_key: str | None = "sk-ant-test", **config: Any
+) -> AsyncIterator[AnthropicProvider]:
     async with make_client() as client:
         cfg = AnthropicProviderConfig(base_url=base_url, **config)
         yield AnthropicProvider("claude", client, cfg, api_key)
 
 
 def ctx(model: str, total: float = 30.0) -> CallContext:
-    return CallContext(request_id="req-1", upstream_model=model,
-                       timeouts=Timeouts(connect=5.0, total=total))
+    return CallContext(
+        request_id="req-1", upstream_model=model, timeouts=Timeouts(connect=5.0, total=total)
+    )
 
 
 def chat_request(messages: list[Message] = HELLO, **options: Any) -> ChatRequest:
@@ -100,8 +107,12 @@ async def collect(parts: AsyncIterator[StreamPart]) -> tuple[list[ChatChunk], Ex
 
 
 def shape(chunks: list[ChatChunk]) -> list[Any]:
-    return [(msgspec.to_builtins(c.choices[0].delta), c.choices[0].finish_reason) if c.choices
-            else msgspec.to_builtins(c.usage) for c in chunks]
+    return [
+        (msgspec.to_builtins(c.choices[0].delta), c.choices[0].finish_reason)
+        if c.choices
+        else msgspec.to_builtins(c.usage)
+        for c in chunks
+    ]
 
 
 def text_of(chunks: list[ChatChunk]) -> str:
@@ -117,19 +128,25 @@ async def eventually(check: Callable[[], bool], seconds: float = 5.0) -> bool:
 
 # ---------------------------------------------------------------- happy paths
 async def test_chat_sends_anthropics_request_and_converts_the_answer(
-    fake: FakeAnthropic, url: str,
+    fake: FakeAnthropic,
+    url: str,
 ) -> None:
-    req = chat_request([Message("system", "Be brief."), Message("user", "Hi"),
-                        Message("user", "there")],
-                       max_tokens=64, temperature=0.2, stop="END", user="u-7")
+    req = chat_request(
+        [Message("system", "Be brief."), Message("user", "Hi"), Message("user", "there")],
+        max_tokens=64,
+        temperature=0.2,
+        stop="END",
+        user="u-7",
+    )
     async with anthropic(url, headers={"anthropic-beta": "test-beta"}) as provider:
         result = await provider.chat(req, ctx("m-ok"))
     out = result.response
     assert out.choices[0].message.content == "Hello from anthropic!"
     assert out.choices[0].finish_reason == "stop"
     assert out.id.startswith("msg_fake") and out.model == "m-ok"
-    assert (out.usage and (out.usage.prompt_tokens, out.usage.completion_tokens,
-                           out.usage.total_tokens)) == (11, 5, 16)
+    assert (
+        out.usage and (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens)
+    ) == (11, 5, 16)
     [sent] = fake.requests
     assert (sent.method, sent.path, sent.query) == ("POST", "/v1/messages", "")
     assert sent.headers["x-api-key"] == "sk-ant-test"
@@ -138,10 +155,18 @@ async def test_chat_sends_anthropics_request_and_converts_the_answer(
     assert sent.headers["anthropic-beta"] == "test-beta"
     assert "authorization" not in sent.headers
     assert sent.json == {
-        "model": "m-ok", "max_tokens": 64, "system": "Be brief.",
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"},
-                                                  {"type": "text", "text": "there"}]}],
-        "stop_sequences": ["END"], "temperature": 0.2, "metadata": {"user_id": "u-7"},
+        "model": "m-ok",
+        "max_tokens": 64,
+        "system": "Be brief.",
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}],
+            }
+        ],
+        "stop_sequences": ["END"],
+        "temperature": 0.2,
+        "metadata": {"user_id": "u-7"},
     }
 
 
@@ -161,16 +186,20 @@ async def test_missing_api_key_is_refused_by_the_upstream(fake: FakeAnthropic, u
 
 @pytest.mark.parametrize("include_usage", [False, True])
 async def test_stream_is_openais_exact_chunk_sequence(
-    fake: FakeAnthropic, url: str, include_usage: bool,
+    fake: FakeAnthropic,
+    url: str,
+    include_usage: bool,
 ) -> None:
     options = {"stream_options": StreamOptions(include_usage=True)} if include_usage else {}
     async with anthropic(url) as provider:
-        chunks, error = await collect(provider.stream_chat(
-            chat_request(stream=True, **options), ctx("m-ok")))
+        chunks, error = await collect(
+            provider.stream_chat(chat_request(stream=True, **options), ctx("m-ok"))
+        )
     assert error is None
     expected: list[Any] = [
         ({"role": "assistant", "content": ""}, None),
-        ({"content": "Hello"}, None), ({"content": " from"}, None),
+        ({"content": "Hello"}, None),
+        ({"content": " from"}, None),
         ({"content": " anthropic!"}, None),
         ({}, "stop"),
     ]
@@ -189,8 +218,12 @@ async def test_cached_usage_non_stream_and_stream(url: str, fake: FakeAnthropic)
     async with anthropic(url) as provider:
         result = await provider.chat(req, ctx("m-cached"))
         chunks, _ = await collect(provider.stream_chat(req, ctx("m-cached")))
-    expected = {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16,
-                "prompt_tokens_details": {"cached_tokens": 7, "cache_creation_tokens": 2}}
+    expected = {
+        "prompt_tokens": 11,
+        "completion_tokens": 5,
+        "total_tokens": 16,
+        "prompt_tokens_details": {"cached_tokens": 7, "cache_creation_tokens": 2},
+    }
     assert msgspec.to_builtins(result.response.usage) == expected
     assert msgspec.to_builtins(chunks[-1].usage) == expected
     assert chunks[-1].choices == []
@@ -205,39 +238,66 @@ async def test_tool_call_then_tool_result_turn(fake: FakeAnthropic, url: str) ->
         [call] = choice.message.tool_calls or []
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments) == {"city": "Paris"}
-        follow_up = [*HELLO, Message("assistant", None, tool_calls=[call]),
-                     Message("tool", "18C and sunny", tool_call_id=call.id)]
+        follow_up = [
+            *HELLO,
+            Message("assistant", None, tool_calls=[call]),
+            Message("tool", "18C and sunny", tool_call_id=call.id),
+        ]
         second = await provider.chat(chat_request(follow_up, tools=[WEATHER]), ctx("m-ok"))
     assert second.response.choices[0].message.content == "Hello from anthropic!"
-    assert fake.requests[0].json["tools"] == [{
-        "name": "get_weather", "description": "Weather by city",
-        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    assert fake.requests[0].json["tools"] == [
+        {
+            "name": "get_weather",
+            "description": "Weather by city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
     assert fake.requests[1].json["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": call.id,
-                                           "name": "get_weather", "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                      "content": "18C and sunny"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call.id, "content": "18C and sunny"}
+            ],
+        },
     ]
 
 
 async def test_streamed_tool_call(url: str, fake: FakeAnthropic) -> None:
     async with anthropic(url) as provider:
-        chunks, error = await collect(provider.stream_chat(
-            chat_request(tools=[WEATHER], parallel_tool_calls=False), ctx("m-tool")))
+        chunks, error = await collect(
+            provider.stream_chat(
+                chat_request(tools=[WEATHER], parallel_tool_calls=False), ctx("m-tool")
+            )
+        )
     assert error is None
     rows = shape(chunks)
     assert rows[0] == ({"role": "assistant", "content": ""}, None)
     first = rows[1][0]["tool_calls"][0]
     assert first["index"] == 0 and first["id"].startswith("toolu_fake")
-    assert (first["type"], first["function"]) == ("function",
-                                                  {"name": "get_weather", "arguments": ""})
+    assert (first["type"], first["function"]) == (
+        "function",
+        {"name": "get_weather", "arguments": ""},
+    )
     pieces = [row[0]["tool_calls"][0] for row in rows[2:-1]]
     assert len(pieces) >= 2 and all(set(p) == {"index", "function"} for p in pieces)
     assert json.loads("".join(p["function"]["arguments"] for p in pieces)) == {"city": "Paris"}
     assert rows[-1] == ({}, "tool_calls")
-    assert fake.requests[0].json["tool_choice"] == {"type": "auto",
-                                                    "disable_parallel_tool_use": True}
+    assert fake.requests[0].json["tool_choice"] == {
+        "type": "auto",
+        "disable_parallel_tool_use": True,
+    }
 
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}}
@@ -256,28 +316,37 @@ async def test_json_schema_is_a_forced_tool_seen_as_text(fake: FakeAnthropic, ur
     assert all(not c.choices or c.choices[0].delta.tool_calls is None for c in chunks)
     assert json.loads(text_of(chunks)) == {"answer": 42}
     sent = fake.requests[0].json
-    assert sent["tool_choice"] == {"type": "tool", "name": "answer_schema",
-                                   "disable_parallel_tool_use": True}
+    assert sent["tool_choice"] == {
+        "type": "tool",
+        "name": "answer_schema",
+        "disable_parallel_tool_use": True,
+    }
     assert [(t["name"], t["input_schema"]) for t in sent["tools"]] == [("answer_schema", SCHEMA)]
 
 
 async def test_json_object_mode(fake: FakeAnthropic, url: str) -> None:
     async with anthropic(url) as provider:
         result = await provider.chat(
-            chat_request(response_format=ResponseFormat("json_object")), ctx("m-json"))
+            chat_request(response_format=ResponseFormat("json_object")), ctx("m-json")
+        )
     assert json.loads(result.response.choices[0].message.content or "") == {"answer": 42}
     assert "JSON object" in fake.requests[0].json["system"]
 
 
 async def test_images_are_sent_as_anthropic_image_blocks(fake: FakeAnthropic, url: str) -> None:
-    parts = [TextPart("Describe"), ImagePart(ImageURL("data:image/jpeg;base64,/9j/4AAQ")),
-             ImagePart(ImageURL("https://example.test/cat.png"))]
+    parts = [
+        TextPart("Describe"),
+        ImagePart(ImageURL("data:image/jpeg;base64,/9j/4AAQ")),
+        ImagePart(ImageURL("https://example.test/cat.png")),
+    ]
     async with anthropic(url) as provider:
         await provider.chat(chat_request([Message("user", parts)]), ctx("m-ok"))
     assert fake.requests[0].json["messages"][0]["content"] == [
         {"type": "text", "text": "Describe"},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
-                                     "data": "/9j/4AAQ"}},
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4AAQ"},
+        },
         {"type": "image", "source": {"type": "url", "url": "https://example.test/cat.png"}},
     ]
 
@@ -289,8 +358,11 @@ async def test_inexpressible_request_fails_before_any_call(fake: FakeAnthropic, 
             await provider.chat(chat_request(n=2), ctx("m-ok"))
         assert info.value.param == "n"
         with pytest.raises(InvalidRequestError) as info:
-            await collect(provider.stream_chat(
-                chat_request([*HELLO, Message("assistant", tool_calls=[bad_call])]), ctx("m-ok")))
+            await collect(
+                provider.stream_chat(
+                    chat_request([*HELLO, Message("assistant", tool_calls=[bad_call])]), ctx("m-ok")
+                )
+            )
         assert info.value.param == "messages"
     assert fake.requests == []
 
@@ -308,7 +380,12 @@ ERROR_CASES = [
 @pytest.mark.parametrize(("model", "cls", "status", "text"), ERROR_CASES)
 @pytest.mark.parametrize("streaming", [False, True])
 async def test_upstream_errors_map_to_provider_errors(
-    url: str, fake: FakeAnthropic, model: str, cls: type[ProviderError], status: int, text: str,
+    url: str,
+    fake: FakeAnthropic,
+    model: str,
+    cls: type[ProviderError],
+    status: int,
+    text: str,
     streaming: bool,
 ) -> None:
     async with anthropic(url) as provider:
@@ -352,29 +429,42 @@ async def test_timeout_closes_the_upstream_call(url: str, fake: FakeAnthropic) -
 async def test_stream_timeout_after_first_chunks(url: str, fake: FakeAnthropic) -> None:
     async with anthropic(url) as provider:
         chunks, error = await collect(
-            provider.stream_chat(chat_request(), ctx("m-slow-stream", total=0.3)))
-    assert shape(chunks) == [({"role": "assistant", "content": ""}, None),
-                             ({"content": "Hello"}, None)]
+            provider.stream_chat(chat_request(), ctx("m-slow-stream", total=0.3))
+        )
+    assert shape(chunks) == [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": "Hello"}, None),
+    ]
     assert isinstance(error, UpstreamTimeoutError)
 
 
-@pytest.mark.parametrize(("model", "cls", "text"), [
-    ("m-truncated", UpstreamMalformedError, "before message_stop"),
-    ("m-stream-error", UpstreamServerError, "overloaded_error): Overloaded"),
-])
+@pytest.mark.parametrize(
+    ("model", "cls", "text"),
+    [
+        ("m-truncated", UpstreamMalformedError, "before message_stop"),
+        ("m-stream-error", UpstreamServerError, "overloaded_error): Overloaded"),
+    ],
+)
 async def test_broken_stream_raises_after_the_chunks_already_sent(
-    url: str, fake: FakeAnthropic, model: str, cls: type[ProviderError], text: str,
+    url: str,
+    fake: FakeAnthropic,
+    model: str,
+    cls: type[ProviderError],
+    text: str,
 ) -> None:
     async with anthropic(url) as provider:
         chunks, error = await collect(provider.stream_chat(chat_request(), ctx(model)))
         assert (await provider.chat(chat_request(), ctx(model))).response.choices[0]
-    assert shape(chunks) == [({"role": "assistant", "content": ""}, None),
-                             ({"content": "Hello"}, None)]
+    assert shape(chunks) == [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": "Hello"}, None),
+    ]
     assert type(error) is cls and text in error.message
 
 
 async def test_closing_the_stream_early_closes_the_upstream_connection(
-    url: str, fake: FakeAnthropic,
+    url: str,
+    fake: FakeAnthropic,
 ) -> None:
     async with anthropic(url) as provider:
         stream = provider.stream_chat(chat_request(), ctx("m-slow-stream"))

@@ -244,7 +244,9 @@ async def test_closing_the_stream_early_closes_the_upstream_connection(
         opened.append(response)
 
     config = GeminiProviderConfig(base_url=url)
-    async with httpx.AsyncClient(transport=AiohttpTransport(), event_hooks={"response": [remember]}) as client:
+    async with httpx.AsyncClient(
+        transport=AiohttpTransport(), event_hooks={"response": [remember]}
+    ) as client:
         gemini = GeminiProvider("gemini", client, config, API_KEY)
         gen = gemini.stream_chat(request(stream=True), ctx("m-slow-stream"))
         seen = []

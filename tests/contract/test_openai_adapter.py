@@ -55,8 +55,12 @@ async def openai_at(base_url: str, key: str | None = "sk-test") -> AsyncIterator
 
 def ctx(model: str, raw: object | None = None, total: float = 10.0) -> CallContext:
     body = None if raw is None else json.dumps(raw).encode()
-    return CallContext(request_id="req_1", upstream_model=model, raw_body=body,
-                       timeouts=Timeouts(total=total, first_token=total))
+    return CallContext(
+        request_id="req_1",
+        upstream_model=model,
+        raw_body=body,
+        timeouts=Timeouts(total=total, first_token=total),
+    )
 
 
 async def test_chat_forwards_raw_body_and_keeps_upstream_bytes(served, fake):
@@ -81,9 +85,17 @@ async def test_chat_without_raw_body_encodes_the_request(served, fake):
 async def test_stream_sequence_and_forced_usage(served, fake):
     req = ChatRequest("alias", HELLO, stream=True, stream_options=StreamOptions(include_usage=True))
     async with openai_at(served[1] + "/v1") as provider:
-        parts = [p async for p in provider.stream_chat(req, ctx("m-cached", {"model": "a", "stream": True}))]
+        parts = [
+            p
+            async for p in provider.stream_chat(
+                req, ctx("m-cached", {"model": "a", "stream": True})
+            )
+        ]
     assert parts[0].chunk.choices[0].delta.role == "assistant"
-    assert "".join(p.chunk.choices[0].delta.content or "" for p in parts if p.chunk.choices) == "Hello from openai!"
+    assert (
+        "".join(p.chunk.choices[0].delta.content or "" for p in parts if p.chunk.choices)
+        == "Hello from openai!"
+    )
     assert parts[-1].chunk.usage.cached_tokens == 7
     assert all(msgspec.json.decode(p.raw)["id"] == "chatcmpl-fake123" for p in parts)
     assert fake.requests[-1].json["stream_options"] == {"include_usage": True}
@@ -113,15 +125,19 @@ async def test_error_mapping(served, model, error, status):
 
 @pytest.mark.parametrize(
     ("model", "error"),
-    [("m-malformed", UpstreamMalformedError), ("m-truncated", UpstreamMalformedError),
-     ("m-stream-error", UpstreamServerError)],
+    [
+        ("m-malformed", UpstreamMalformedError),
+        ("m-truncated", UpstreamMalformedError),
+        ("m-stream-error", UpstreamServerError),
+    ],
 )
 async def test_stream_failures_raise_from_the_generator(served, model, error):
     got = []
     async with openai_at(served[1] + "/v1") as provider:
         with pytest.raises(error):
-            async for part in provider.stream_chat(ChatRequest("a", HELLO, stream=True),
-                                                   ctx(model, {"model": "a", "stream": True})):
+            async for part in provider.stream_chat(
+                ChatRequest("a", HELLO, stream=True), ctx(model, {"model": "a", "stream": True})
+            ):
                 got.append(part)
     assert (len(got) > 0) == (model != "m-malformed")
 
@@ -149,8 +165,10 @@ async def test_closing_the_stream_disconnects_upstream(served):
     fake.slow_seconds = 3.0
     before = fake.disconnects
     async with openai_at(served[1] + "/v1") as provider:
-        stream = provider.stream_chat(ChatRequest("a", HELLO, stream=True),
-                                      ctx("m-slow-stream", {"model": "a", "stream": True}))
+        stream = provider.stream_chat(
+            ChatRequest("a", HELLO, stream=True),
+            ctx("m-slow-stream", {"model": "a", "stream": True}),
+        )
         assert (await anext(stream)).chunk.choices[0].delta.role == "assistant"
         await stream.aclose()
         with anyio.fail_after(3):
@@ -161,12 +179,24 @@ async def test_closing_the_stream_disconnects_upstream(served):
 
 async def test_completions_and_embeddings(served, fake):
     async with openai_at(served[1] + "/v1") as provider:
-        done = await provider.complete(CompletionRequest("a", "x"), ctx("m-ok", {"model": "a", "prompt": "x"}))
-        assert json.loads(done.body)["choices"][0]["text"] == " Paris." and done.usage.total_tokens == 16
-        parts = [p async for p in provider.stream_complete(
-            CompletionRequest("a", "x", stream=True), ctx("m-ok", {"model": "a", "prompt": "x", "stream": True}))]
+        done = await provider.complete(
+            CompletionRequest("a", "x"), ctx("m-ok", {"model": "a", "prompt": "x"})
+        )
+        assert (
+            json.loads(done.body)["choices"][0]["text"] == " Paris."
+            and done.usage.total_tokens == 16
+        )
+        parts = [
+            p
+            async for p in provider.stream_complete(
+                CompletionRequest("a", "x", stream=True),
+                ctx("m-ok", {"model": "a", "prompt": "x", "stream": True}),
+            )
+        ]
         assert parts[-1].usage is not None and not parts[-1].has_choices
-        vectors = await provider.embed(EmbeddingRequest("a", ["p", "q"]), ctx("emb", {"model": "a", "input": ["p", "q"]}))
+        vectors = await provider.embed(
+            EmbeddingRequest("a", ["p", "q"]), ctx("emb", {"model": "a", "input": ["p", "q"]})
+        )
         assert len(json.loads(vectors.body)["data"]) == 2 and vectors.usage.prompt_tokens == 8
 
 
@@ -181,7 +211,9 @@ async def test_every_error_is_a_provider_error(served):
 async def test_plain_httpx_client_takes_the_same_path(served, model):
     """A client without the aiohttp fast path (any httpx client) behaves identically."""
     async with httpx.AsyncClient() as client:
-        provider = OpenAIProvider("oa", client, OpenAIProviderConfig(base_url=served[1] + "/v1"), "k")
+        provider = OpenAIProvider(
+            "oa", client, OpenAIProviderConfig(base_url=served[1] + "/v1"), "k"
+        )
         call = provider.chat(ChatRequest("a", HELLO), ctx(model, {"model": "a"}))
         if model == "m-ok":
             assert (await call).response.choices[0].message.content == "Hello from openai!"

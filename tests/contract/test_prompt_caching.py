@@ -25,8 +25,13 @@ pytestmark = pytest.mark.anyio
 
 EPHEMERAL = {"type": "ephemeral"}
 SYSTEM = "You answer questions about the attached handbook. " * 100  # ~5,000 characters
-SEARCH = Tool(FunctionDef("search", "Search the handbook. " * 250,
-                          {"type": "object", "properties": {"q": {"type": "string"}}}))
+SEARCH = Tool(
+    FunctionDef(
+        "search",
+        "Search the handbook. " * 250,
+        {"type": "object", "properties": {"q": {"type": "string"}}},
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +63,22 @@ async def openai(url: str, vllm: bool = False) -> AsyncIterator[OpenAIProvider]:
 
 def ctx(model: str, raw: Any = None, **extra: Any) -> CallContext:
     body = None if raw is None else json.dumps(raw).encode()
-    return CallContext(request_id="req-1", upstream_model=model, raw_body=body,
-                       timeouts=Timeouts(total=10.0, first_token=10.0), tenant="acme", **extra)
+    return CallContext(
+        request_id="req-1",
+        upstream_model=model,
+        raw_body=body,
+        timeouts=Timeouts(total=10.0, first_token=10.0),
+        tenant="acme",
+        **extra,
+    )
 
 
 def handbook_request(**options: Any) -> ChatRequest:
-    return ChatRequest(model="alias", messages=[Message("system", SYSTEM),
-                                                Message("user", "Where is the fire exit?")],
-                       **options)
+    return ChatRequest(
+        model="alias",
+        messages=[Message("system", SYSTEM), Message("user", "Where is the fire exit?")],
+        **options,
+    )
 
 
 # ---------------------------------------------------------------- Anthropic
@@ -73,13 +86,15 @@ async def test_anthropic_long_prefix_gets_breakpoints_and_reports_cache_reads(an
     fake, url = anthropic_fake
     fake.requests.clear()
     async with claude(url) as provider:
-        result = await provider.chat(handbook_request(tools=[SEARCH]),
-                                     ctx("m-cached", cache_control_min_chars=4096))
+        result = await provider.chat(
+            handbook_request(tools=[SEARCH]), ctx("m-cached", cache_control_min_chars=4096)
+        )
     sent = fake.requests[-1].json
     assert sent["system"] == [{"type": "text", "text": SYSTEM, "cache_control": EPHEMERAL}]
     assert sent["tools"][-1]["cache_control"] == EPHEMERAL
-    assert sent["messages"] == [{"role": "user", "content": [
-        {"type": "text", "text": "Where is the fire exit?"}]}]
+    assert sent["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Where is the fire exit?"}]}
+    ]
     usage = result.response.usage
     assert usage is not None and usage.prompt_tokens_details is not None
     # The fake answers input 2 + cache write 2 + cache read 7.
@@ -91,8 +106,10 @@ async def test_anthropic_stream_reports_cache_reads_too(anthropic_fake):
     fake, url = anthropic_fake
     req = handbook_request(stream=True, stream_options=StreamOptions(include_usage=True))
     async with claude(url) as provider:
-        parts = [p async for p in provider.stream_chat(
-            req, ctx("m-cached", cache_control_min_chars=4096))]
+        parts = [
+            p
+            async for p in provider.stream_chat(req, ctx("m-cached", cache_control_min_chars=4096))
+        ]
     assert fake.requests[-1].json["system"][0]["cache_control"] == EPHEMERAL
     usage = parts[-1].chunk.usage
     assert usage is not None and usage.cached_tokens == 7 and usage.prompt_tokens == 11
@@ -111,13 +128,26 @@ async def test_anthropic_without_the_setting_or_below_it_sends_no_breakpoint(ant
 
 async def test_anthropic_forwards_the_clients_own_marks_instead(anthropic_fake):
     fake, url = anthropic_fake
-    raw = {"model": "alias", "messages": [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": [{"type": "text", "text": "Where is the fire exit?",
-                                      "cache_control": {"type": "ephemeral"}}]}]}
+    raw = {
+        "model": "alias",
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "Where is the fire exit?",
+                        "cache_control": {"type": "ephemeral"},
+                    }
+                ],
+            },
+        ],
+    }
     async with claude(url) as provider:
-        answer = await provider.chat(handbook_request(),
-                                     ctx("m-ok", raw, cache_control_min_chars=4096))
+        answer = await provider.chat(
+            handbook_request(), ctx("m-ok", raw, cache_control_min_chars=4096)
+        )
     sent = fake.requests[-1].json
     assert sent["system"] == SYSTEM  # no automatic mark next to the client's
     assert sent["messages"][0]["content"][0]["cache_control"] == EPHEMERAL
@@ -129,8 +159,10 @@ async def test_openai_gets_the_tenants_prompt_cache_key(openai_fake):
     fake, url = openai_fake
     raw = {"model": "alias", "messages": [{"role": "user", "content": "Hi"}]}
     async with openai(url) as provider:
-        result = await provider.chat(ChatRequest("alias", [Message("user", "Hi")]),
-                                     ctx("m-cached", raw, prompt_cache_key="acme"))
+        result = await provider.chat(
+            ChatRequest("alias", [Message("user", "Hi")]),
+            ctx("m-cached", raw, prompt_cache_key="acme"),
+        )
     assert fake.requests[-1].json == {**raw, "model": "m-cached", "prompt_cache_key": "acme"}
     assert result.response.usage is not None and result.response.usage.cached_tokens == 7
 
@@ -138,12 +170,24 @@ async def test_openai_gets_the_tenants_prompt_cache_key(openai_fake):
 async def test_openai_stream_gets_the_key_and_the_clients_own_key_wins(openai_fake):
     fake, url = openai_fake
     req = ChatRequest("alias", [Message("user", "Hi")], stream=True)
-    own = {"model": "alias", "stream": True, "messages": [{"role": "user", "content": "Hi"}],
-           "prompt_cache_key": "client-chose"}
+    own = {
+        "model": "alias",
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "prompt_cache_key": "client-chose",
+    }
     async with openai(url) as provider:
-        parts = [p async for p in provider.stream_chat(
-            req, ctx("m-cached", {k: v for k, v in own.items() if k != "prompt_cache_key"},
-                     prompt_cache_key="acme"))]
+        parts = [
+            p
+            async for p in provider.stream_chat(
+                req,
+                ctx(
+                    "m-cached",
+                    {k: v for k, v in own.items() if k != "prompt_cache_key"},
+                    prompt_cache_key="acme",
+                ),
+            )
+        ]
         assert fake.requests[-1].json["prompt_cache_key"] == "acme"
         assert parts[-1].chunk.usage is not None and parts[-1].chunk.usage.cached_tokens == 7
         _ = [p async for p in provider.stream_chat(req, ctx("m-ok", own, prompt_cache_key="acme"))]
@@ -156,9 +200,10 @@ async def test_openai_without_a_key_and_embeddings_send_none(openai_fake):
     async with openai(url) as provider:
         await provider.chat(ChatRequest("alias", [Message("user", "Hi")]), ctx("m-ok", raw))
         assert "prompt_cache_key" not in fake.requests[-1].json
-        await provider.embed(EmbeddingRequest("alias", "Hi"),
-                             ctx("m-ok", {"model": "alias", "input": "Hi"},
-                                 prompt_cache_key="acme"))
+        await provider.embed(
+            EmbeddingRequest("alias", "Hi"),
+            ctx("m-ok", {"model": "alias", "input": "Hi"}, prompt_cache_key="acme"),
+        )
         assert "prompt_cache_key" not in fake.requests[-1].json
 
 
@@ -166,6 +211,7 @@ async def test_local_workers_never_get_the_key(openai_fake):
     fake, url = openai_fake
     raw = {"model": "alias", "messages": [{"role": "user", "content": "Hi"}]}
     async with openai(url, vllm=True) as provider:
-        await provider.chat(ChatRequest("alias", [Message("user", "Hi")]),
-                            ctx("m-ok", raw, prompt_cache_key="acme"))
+        await provider.chat(
+            ChatRequest("alias", [Message("user", "Hi")]), ctx("m-ok", raw, prompt_cache_key="acme")
+        )
     assert fake.requests[-1].json == {**raw, "model": "m-ok"}

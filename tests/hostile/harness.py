@@ -99,9 +99,16 @@ class World:
         return self.gateway.log_path.read_text()[-4000:]
 
 
-def config_text(world_dir: Path, upstream_url: str, replica_url: str, backend: str,
-                redis_url: str | None, tenants: str, extra: str = "",
-                redis_timeout_s: float = 2.0) -> str:
+def config_text(
+    world_dir: Path,
+    upstream_url: str,
+    replica_url: str,
+    backend: str,
+    redis_url: str | None,
+    tenants: str,
+    extra: str = "",
+    redis_timeout_s: float = 2.0,
+) -> str:
     redis = f'url: "{redis_url}", key_prefix: "hostile:", timeout_s: {redis_timeout_s}'
     state = (
         f"state: {{backend: redis, redis: {{{redis}}}}}"
@@ -133,9 +140,15 @@ models:
 
 
 @contextmanager
-def hostile_world(folder: Path, backend: str, redis_url: str | None, tenants: dict[str, str],
-                  extra: str = "", slow_seconds: float = 5.0,
-                  redis_timeout_s: float = 2.0) -> Iterator[World]:
+def hostile_world(
+    folder: Path,
+    backend: str,
+    redis_url: str | None,
+    tenants: dict[str, str],
+    extra: str = "",
+    slow_seconds: float = 5.0,
+    redis_timeout_s: float = 2.0,
+) -> Iterator[World]:
     """A gateway process serving ``tenants`` (name -> YAML flow mapping of its settings),
     each with one API key, on ``backend``; the fake upstream's slow models take
     ``slow_seconds``. Redis commands time out after ``redis_timeout_s`` (generous by
@@ -150,8 +163,9 @@ def hostile_world(folder: Path, backend: str, redis_url: str | None, tenants: di
         up = stack.enter_context(serve(upstream))
         local = stack.enter_context(serve(replica))
         path = folder / "gateway.yaml"
-        text = config_text(folder, up.url, local.url, backend, redis_url, tenant_lines, extra,
-                           redis_timeout_s)
+        text = config_text(
+            folder, up.url, local.url, backend, redis_url, tenant_lines, extra, redis_timeout_s
+        )
         path.write_text(text)
         env = {"H_ADMIN": ADMIN, "H_OA": "sk-upstream"}
         gateway = GatewayProcess(path, env, folder / "gateway.log")

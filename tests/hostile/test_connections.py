@@ -53,7 +53,9 @@ async def endless_upstream(scope: dict[str, Any], receive: Any, send: Any) -> No
     for index in range(ENDLESS_CHUNKS):
         delta = {"role": "assistant", "content": ""} if index == 0 else {"content": ENDLESS_CHUNK}
         chunk = {
-            "id": "chatcmpl-endless", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "id": "chatcmpl-endless",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
             "model": "m-endless",
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
         }
@@ -324,9 +326,13 @@ def test_connections_over_the_cap_are_refused(
 
 
 def stream_request(key: str, model: str) -> bytes:
-    body = json.dumps({
-        "model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}],
-    }).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
         f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
@@ -394,7 +400,8 @@ def test_many_concurrent_streams_complete(gateway: Gateway) -> None:
 
     async def run() -> tuple[list[bool], int]:
         async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{gateway.port}", timeout=30.0,
+            base_url=f"http://127.0.0.1:{gateway.port}",
+            timeout=30.0,
             headers={"authorization": f"Bearer {key}"},
             limits=httpx.Limits(max_connections=60),
         ) as client:

@@ -88,8 +88,7 @@ async def storm(world: World) -> tuple[set[str], set[str]]:
         ways = (("slow", True), ("slow", False), ("fallback", False), ("queued", True))
         for model, stream in ways:
             leaving += [
-                leave_before_first_byte(client, world, "storm", model, stream)
-                for _ in range(STORM)
+                leave_before_first_byte(client, world, "storm", model, stream) for _ in range(STORM)
             ]
         completing = [complete(client, world, "storm", i % 2 == 0) for i in range(STORM)]
         left = await asyncio.gather(*leaving)

@@ -150,9 +150,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
 
 
 # ---------------------------------------------------------------- invariants
-def error_shape_problem(
-    status: int, content_type: str, body: bytes, path: str = ""
-) -> str | None:
+def error_shape_problem(status: int, content_type: str, body: bytes, path: str = "") -> str | None:
     """Why a 4xx answer is not the route's error shape (Anthropic's on /v1/messages,
     OpenAI's elsewhere), or None when it is."""
     if not 400 <= status < 500:
@@ -262,10 +260,24 @@ def test_the_served_document_is_the_fuzzed_one(fuzzed: Fuzzed) -> None:
     assert steer(answer.json()) == load_schema().raw_schema
 
 
-TENANT_ROTATION = ("fuzz-bearer", "fuzz-bearer", "fuzz-x-api-key", "narrow-bearer",
-                   "fuzz-bearer", "none", "unknown-key", "admin-bearer")
-ADMIN_ROTATION = ("admin-bearer", "admin-bearer", "admin-x-api-key", "fuzz-bearer", "none",
-                  "unknown-key")
+TENANT_ROTATION = (
+    "fuzz-bearer",
+    "fuzz-bearer",
+    "fuzz-x-api-key",
+    "narrow-bearer",
+    "fuzz-bearer",
+    "none",
+    "unknown-key",
+    "admin-bearer",
+)
+ADMIN_ROTATION = (
+    "admin-bearer",
+    "admin-bearer",
+    "admin-x-api-key",
+    "fuzz-bearer",
+    "none",
+    "unknown-key",
+)
 _turn = itertools.count()
 
 
@@ -317,10 +329,37 @@ def encode(body: Any) -> bytes:
     return text.encode()
 
 
-NUMBERS = ("1e308", "-1e308", "1e309", "-1e400", "1e-400", "NaN", "Infinity", "-Infinity",
-           str(2**64), str(-(2**63) - 1), "9" * 5000, "-0", "0.1e99999999999", "1E+2")
-ODD_TEXT = ("\x00", "\\ud800", "\ud83d", "\u202e\u2066evil", "\ufeff", "\U0010ffff",
-            "e\u0301" * 5000, "\U0001f600" * 2000, "a" * 200_000, "", " ", "null", "[DONE]")
+NUMBERS = (
+    "1e308",
+    "-1e308",
+    "1e309",
+    "-1e400",
+    "1e-400",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    str(2**64),
+    str(-(2**63) - 1),
+    "9" * 5000,
+    "-0",
+    "0.1e99999999999",
+    "1E+2",
+)
+ODD_TEXT = (
+    "\x00",
+    "\\ud800",
+    "\ud83d",
+    "\u202e\u2066evil",
+    "\ufeff",
+    "\U0010ffff",
+    "e\u0301" * 5000,
+    "\U0001f600" * 2000,
+    "a" * 200_000,
+    "",
+    " ",
+    "null",
+    "[DONE]",
+)
 scalars = st.one_of(
     st.sampled_from(NUMBERS).map(Raw),
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -339,30 +378,71 @@ hostile = st.one_of(
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}
 BASES: dict[str, dict[str, Any]] = {
-    "/v1/chat/completions": {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
-                             "tools": [TOOL], "response_format": SCHEMA_FORMAT},
+    "/v1/chat/completions": {
+        "model": "chat",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [TOOL],
+        "response_format": SCHEMA_FORMAT,
+    },
     "/v1/completions": {"model": "chat", "prompt": "hi"},
     "/v1/embeddings": {"model": "chat", "input": "hi"},
 }
 FIELDS: dict[str, tuple[tuple[str | int, ...], ...]] = {
     "/v1/chat/completions": (
-        ("model",), ("temperature",), ("top_p",), ("top_k",), ("n",), ("max_tokens",),
-        ("max_completion_tokens",), ("seed",), ("presence_penalty",), ("frequency_penalty",),
-        ("stop",), ("user",), ("stream",), ("stream_options",), ("tool_choice",),
-        ("parallel_tool_calls",), ("logit_bias",), ("x_passthrough",),
-        ("messages", 0, "content"), ("messages", 0, "name"), ("messages", 0, "role"),
-        ("tools", 0, "function", "name"), ("tools", 0, "function", "parameters"),
-        ("response_format", "json_schema", "schema"), ("response_format", "type"),
+        ("model",),
+        ("temperature",),
+        ("top_p",),
+        ("top_k",),
+        ("n",),
+        ("max_tokens",),
+        ("max_completion_tokens",),
+        ("seed",),
+        ("presence_penalty",),
+        ("frequency_penalty",),
+        ("stop",),
+        ("user",),
+        ("stream",),
+        ("stream_options",),
+        ("tool_choice",),
+        ("parallel_tool_calls",),
+        ("logit_bias",),
+        ("x_passthrough",),
+        ("messages", 0, "content"),
+        ("messages", 0, "name"),
+        ("messages", 0, "role"),
+        ("tools", 0, "function", "name"),
+        ("tools", 0, "function", "parameters"),
+        ("response_format", "json_schema", "schema"),
+        ("response_format", "type"),
     ),
-    "/v1/completions": (("model",), ("prompt",), ("max_tokens",), ("temperature",), ("n",),
-                        ("seed",), ("stop",), ("stream",), ("x_passthrough",)),
-    "/v1/embeddings": (("model",), ("input",), ("dimensions",), ("encoding_format",),
-                       ("user",), ("x_passthrough",)),
+    "/v1/completions": (
+        ("model",),
+        ("prompt",),
+        ("max_tokens",),
+        ("temperature",),
+        ("n",),
+        ("seed",),
+        ("stop",),
+        ("stream",),
+        ("x_passthrough",),
+    ),
+    "/v1/embeddings": (
+        ("model",),
+        ("input",),
+        ("dimensions",),
+        ("encoding_format",),
+        ("user",),
+        ("x_passthrough",),
+    ),
 }
 NESTABLE: dict[str, tuple[tuple[str | int, ...], ...]] = {
-    "/v1/chat/completions": (("tools", 0, "function", "parameters", "properties"),
-                             ("response_format", "json_schema", "schema", "properties"),
-                             ("x_passthrough",), ("messages", 0, "content"), ("metadata",)),
+    "/v1/chat/completions": (
+        ("tools", 0, "function", "parameters", "properties"),
+        ("response_format", "json_schema", "schema", "properties"),
+        ("x_passthrough",),
+        ("messages", 0, "content"),
+        ("metadata",),
+    ),
     "/v1/completions": (("prompt",), ("x_passthrough",)),
     "/v1/embeddings": (("input",), ("x_passthrough",)),
 }
@@ -385,8 +465,13 @@ def nested(depth: int, kind: str) -> Raw:
     return Raw('{"a":' * depth + "1" + "}" * depth)
 
 
-def post(client: httpx.Client, fuzzed: Fuzzed, route: str, body: bytes,
-         content_type: str = "application/json") -> httpx.Response:
+def post(
+    client: httpx.Client,
+    fuzzed: Fuzzed,
+    route: str,
+    body: bytes,
+    content_type: str = "application/json",
+) -> httpx.Response:
     headers = {**fuzzed.credentials["fuzz-bearer"], "content-type": content_type}
     return client.post(route, content=body, headers=headers)
 
@@ -426,10 +511,32 @@ def test_deep_nesting_anywhere_in_a_body(
     assert_sound(fuzzed, answer, f"POST {route} with {depth} levels of {kind} at {path}")
 
 
-TIMES = ("1e308", "-1e20", "1e400", "nan", "inf", "-inf", "NaN", "99999999999999999999",
-         "-99999999999", "0", "-0", "1.5", "2024-13-45", "9999-12-31T23:59:59",
-         "9999-12-31", "0001-01-01", "10000-01-01", "", " ", "\u0661\u0662\u0663", "1_000", "0x10",
-         "2024-01-01T00:00:00+99:00", "2024-01-01T25:00:00Z")
+TIMES = (
+    "1e308",
+    "-1e20",
+    "1e400",
+    "nan",
+    "inf",
+    "-inf",
+    "NaN",
+    "99999999999999999999",
+    "-99999999999",
+    "0",
+    "-0",
+    "1.5",
+    "2024-13-45",
+    "9999-12-31T23:59:59",
+    "9999-12-31",
+    "0001-01-01",
+    "10000-01-01",
+    "",
+    " ",
+    "\u0661\u0662\u0663",
+    "1_000",
+    "0x10",
+    "2024-01-01T00:00:00+99:00",
+    "2024-01-01T25:00:00Z",
+)
 
 
 @PROPERTY_SETTINGS
@@ -441,14 +548,21 @@ TIMES = ("1e308", "-1e20", "1e400", "nan", "inf", "-inf", "NaN", "99999999999999
     fmt=st.one_of(st.none(), st.sampled_from(["csv", "jsonl"]), st.text(max_size=8)),
 )
 def test_usage_export_parameters(
-    client: httpx.Client, fuzzed: Fuzzed, route: str, start: str | None, end: str | None,
-    group_by: str | None, fmt: str | None,
+    client: httpx.Client,
+    fuzzed: Fuzzed,
+    route: str,
+    start: str | None,
+    end: str | None,
+    group_by: str | None,
+    fmt: str | None,
 ) -> None:
     """Out-of-range, non-finite and malformed times and choices: 400 naming the
     parameter, never a 500."""
-    params = {k: v for k, v in
-              {"from": start, "to": end, "group_by": group_by, "format": fmt}.items()
-              if v is not None}
+    params = {
+        k: v
+        for k, v in {"from": start, "to": end, "group_by": group_by, "format": fmt}.items()
+        if v is not None
+    }
     who = "admin-bearer" if route.startswith("/admin") else "fuzz-bearer"
     answer = client.get(route, params=params, headers=fuzzed.credentials[who])
     assert_sound(fuzzed, answer, f"GET {route} {params!r}")
@@ -464,10 +578,14 @@ header_text = st.binary(max_size=4096).map(
 jwt_like = st.tuples(st.binary(max_size=256), st.binary(max_size=512), st.binary(max_size=64)).map(
     lambda parts: ".".join(_b64(p) for p in parts).encode()
 )
-alg_none = st.dictionaries(st.sampled_from(["tenant", "sub", "iat", "exp", "aud"]),
-                           st.one_of(st.integers(), st.text(max_size=16)), max_size=5).map(
-    lambda claims: (_b64(b'{"alg":"none","typ":"JWT"}') + "." + _b64(json.dumps(claims).encode())
-                    + ".").encode()
+alg_none = st.dictionaries(
+    st.sampled_from(["tenant", "sub", "iat", "exp", "aud"]),
+    st.one_of(st.integers(), st.text(max_size=16)),
+    max_size=5,
+).map(
+    lambda claims: (
+        _b64(b'{"alg":"none","typ":"JWT"}') + "." + _b64(json.dumps(claims).encode()) + "."
+    ).encode()
 )
 SCHEMES = (b"Bearer ", b"bearer ", b"Basic ", b"Bearer  ", b"")
 
@@ -486,8 +604,10 @@ credentials = st.one_of(
 
 
 @PROPERTY_SETTINGS
-@given(route=st.sampled_from(["/v1/models", "/v1/chat/completions", "/v1/usage",
-                              "/admin/targets"]), credential=credentials)
+@given(
+    route=st.sampled_from(["/v1/models", "/v1/chat/completions", "/v1/usage", "/admin/targets"]),
+    credential=credentials,
+)
 def test_hostile_credentials(
     client: httpx.Client, fuzzed: Fuzzed, route: str, credential: tuple[str, bytes]
 ) -> None:
@@ -502,14 +622,29 @@ def test_hostile_credentials(
 
 
 VALID_CHAT = encode(BASES["/v1/chat/completions"])
-CONTENT_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded",
-                 "multipart/form-data; boundary=x", "application/json; charset=latin-1")
+CONTENT_TYPES = (
+    "application/json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+)
 raw_bodies = st.one_of(
     st.binary(max_size=2048),
-    st.sampled_from([b"", b"[]", b"1", b"null", b'"chat"', b"\xef\xbb\xbf" + VALID_CHAT,
-                     VALID_CHAT.replace(b'"hi"', b'"\xff\xfe\xc3"'),
-                     b'{"model": "chat", "model": 1, "messages": [{"role": "user"}]}',
-                     b" " * 100_000 + VALID_CHAT, VALID_CHAT + b"garbage"]),
+    st.sampled_from(
+        [
+            b"",
+            b"[]",
+            b"1",
+            b"null",
+            b'"chat"',
+            b"\xef\xbb\xbf" + VALID_CHAT,
+            VALID_CHAT.replace(b'"hi"', b'"\xff\xfe\xc3"'),
+            b'{"model": "chat", "model": 1, "messages": [{"role": "user"}]}',
+            b" " * 100_000 + VALID_CHAT,
+            VALID_CHAT + b"garbage",
+        ]
+    ),
     st.integers(min_value=0, max_value=len(VALID_CHAT) - 1).map(lambda n: VALID_CHAT[:n]),
 )
 
@@ -531,8 +666,21 @@ def test_raw_bytes_bodies(
 
 model_ids = st.one_of(
     st.text(min_size=1, max_size=200),
-    st.sampled_from(["..", "../../admin/usage", "%2e%2e%2fadmin", "%00", "chat%00", "chat/",
-                     "/chat", "chat?x=1", "\u202echat", "x" * 4000, "chat#frag"]),
+    st.sampled_from(
+        [
+            "..",
+            "../../admin/usage",
+            "%2e%2e%2fadmin",
+            "%00",
+            "chat%00",
+            "chat/",
+            "/chat",
+            "chat?x=1",
+            "\u202echat",
+            "x" * 4000,
+            "chat#frag",
+        ]
+    ),
 )
 
 
@@ -540,8 +688,9 @@ model_ids = st.one_of(
 @given(model_id=model_ids)
 def test_model_ids_in_the_path(client: httpx.Client, fuzzed: Fuzzed, model_id: str) -> None:
     """Any model id in ``/v1/models/{id}``: 200 for a known alias, else 404 (or 401)."""
-    answer = client.get("/v1/models/" + quote(model_id, safe="/%?#"),
-                        headers=fuzzed.credentials["fuzz-bearer"])
+    answer = client.get(
+        "/v1/models/" + quote(model_id, safe="/%?#"), headers=fuzzed.credentials["fuzz-bearer"]
+    )
     assert_sound(fuzzed, answer, f"GET /v1/models/{model_id[:200]!r}")
 
 
@@ -570,8 +719,9 @@ def per_operation(
 ) -> dict[str, Counter[int]]:
     """Statuses per documented operation (or per name); methods the document does not list
     (the coverage phase tries them all, expecting 405) are summed under one line."""
-    documented = {f"{m.upper()} {p}" for p, item in load_schema().raw_schema["paths"].items()
-                  for m in item}
+    documented = {
+        f"{m.upper()} {p}" for p, item in load_schema().raw_schema["paths"].items() for m in item
+    }
     grouped: dict[str, Counter[int]] = {}
     for (operation, status), count in sorted(cases.items()):
         name = operation if by_name or operation in documented else "undocumented methods"

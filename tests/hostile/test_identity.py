@@ -58,8 +58,9 @@ async def chat(
 
 async def test_one_reused_id_does_not_beat_the_concurrency_limit(world: World) -> None:
     async with httpx.AsyncClient(base_url=world.gateway.url, timeout=30.0) as client:
-        answers = await asyncio.gather(*(chat(client, world, "acme", "same", "slow")
-                                         for _ in range(8)))
+        answers = await asyncio.gather(
+            *(chat(client, world, "acme", "same", "slow") for _ in range(8))
+        )
     statuses = Counter(a.status_code for a in answers)
     assert statuses == {200: 2, 429: 6}, statuses
     assert all(a.headers["x-request-id"] == "same" for a in answers)

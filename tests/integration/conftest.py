@@ -65,5 +65,3 @@ def client(gateway: Gateway) -> openai.OpenAI:
 @pytest.fixture
 def aclient(gateway: Gateway) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gateway.base_url, api_key="client-key", max_retries=0)
-
-

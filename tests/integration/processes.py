@@ -38,12 +38,21 @@ class GatewayProcess:
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         command = [
-            sys.executable, "-m", "gateway.cli", "serve",
-            "--config", str(self.config_path), "--port", str(self.port),
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--config",
+            str(self.config_path),
+            "--port",
+            str(self.port),
         ]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                command, cwd=ROOT, env={**os.environ, **self.env}, stdout=log,
+                command,
+                cwd=ROOT,
+                env={**os.environ, **self.env},
+                stdout=log,
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s

@@ -131,9 +131,7 @@ def test_a_waiter_past_its_deadline_gets_503_with_retry_after(world: World) -> N
     assert queue_depth(world) == 0
 
 
-def test_a_second_waiter_beyond_max_size_gets_429(
-    world: World, pool: ThreadPoolExecutor
-) -> None:
+def test_a_second_waiter_beyond_max_size_gets_429(world: World, pool: ThreadPoolExecutor) -> None:
     make_busy(world)
     before = world.replica.calls()
     first: Future[httpx.Response] = pool.submit(chat, world, "patient")

@@ -24,13 +24,20 @@ from tests.fixtures.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = BreakerConfig(failure_rate=0.5, window_s=10.0, min_calls=4, consecutive_failures=3,
-                       cooldown_s=5.0, half_open_probes=1)
+CONFIG = BreakerConfig(
+    failure_rate=0.5,
+    window_s=10.0,
+    min_calls=4,
+    consecutive_failures=3,
+    cooldown_s=5.0,
+    half_open_probes=1,
+)
 
 
 def redis_store(url: str, clock: FakeClock) -> RedisStore:
-    return RedisStore(RedisConfig(url=url, key_prefix="bt:", timeout_s=0.5,
-                                  retry_interval_s=1.0), clock)
+    return RedisStore(
+        RedisConfig(url=url, key_prefix="bt:", timeout_s=0.5, retry_interval_s=1.0), clock
+    )
 
 
 @pytest.fixture
@@ -39,8 +46,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-async def replicas(redis_url: str, clock: FakeClock) -> AsyncIterator[
-        tuple[SharedBreakers, SharedBreakers]]:
+async def replicas(
+    redis_url: str, clock: FakeClock
+) -> AsyncIterator[tuple[SharedBreakers, SharedBreakers]]:
     stores = [redis_store(redis_url, clock), redis_store(redis_url, clock)]
     a, b = (SharedBreakers(CONFIG, s, clock) for s in stores)
     a.track(["oa/gpt"])
@@ -134,7 +142,8 @@ async def test_background_refresh_shares_state_within_a_few_intervals(redis_url,
 
 
 async def test_redis_stopping_mid_run_falls_back_to_local_state(
-        redis_server: RedisServer, redis_url, clock, replicas):
+    redis_server: RedisServer, redis_url, clock, replicas
+):
     a, b = replicas
     a.record("oa/gpt", "UpstreamServerError")
     await a.flush()
@@ -170,16 +179,28 @@ OPS = st.lists(
 _keys = itertools.count()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(OPS, st.integers(1, 3))
 @example([([op], 0.0) for op in ("success", "failure", "success", "failure")], 1)  # rate 0.5
-@example([(["failure"] * 5, 0.0)] + [("probe", 5.0)] * 3
-         + [(["neutral"], 0.0), ("probe", 0.0), (["success", "failure"], 1.0)], 2)
+@example(
+    [(["failure"] * 5, 0.0)]
+    + [("probe", 5.0)] * 3
+    + [(["neutral"], 0.0), ("probe", 0.0), (["success", "failure"], 1.0)],
+    2,
+)
 def test_lua_scripts_match_their_python_twins(redis_url, sequence, probes):
     """Every op sequence leaves the Redis hash and the memory store's copy equal (Lua
     prints numbers with 14 significant digits, hence approx)."""
-    config = BreakerConfig(failure_rate=0.5, window_s=10.0, min_calls=4,
-                           consecutive_failures=5, cooldown_s=5.0, half_open_probes=probes)
+    config = BreakerConfig(
+        failure_rate=0.5,
+        window_s=10.0,
+        min_calls=4,
+        consecutive_failures=5,
+        cooldown_s=5.0,
+        half_open_probes=probes,
+    )
     key = f"twin:{next(_keys)}"
 
     async def scenario():

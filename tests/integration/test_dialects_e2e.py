@@ -109,18 +109,25 @@ async def test_messages_async_stream_with_tools(gateway: Gateway, vendor: str) -
 def test_messages_tool_result_turn(claude: anthropic.Anthropic) -> None:
     """A Claude Code style turn: the tool's result goes back, the answer comes."""
     first = claude.messages.create(
-        model="anthropic-tool", max_tokens=64, tools=[WEATHER],
+        model="anthropic-tool",
+        max_tokens=64,
+        tools=[WEATHER],
         messages=[{"role": "user", "content": "Weather in Paris?"}],
     )
     call = next(block for block in first.content if block.type == "tool_use")
     second = claude.messages.create(
-        model="openai-ok", max_tokens=64, tools=[WEATHER],
+        model="openai-ok",
+        max_tokens=64,
+        tools=[WEATHER],
         messages=[
             {"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": [block.model_dump() for block in first.content]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"},
-            ]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"},
+                ],
+            },
         ],
     )
     assert second.content[0].text == hello("openai")
@@ -162,7 +169,10 @@ def oai(gateway: Gateway) -> openai.OpenAI:
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_responses_create(oai: openai.OpenAI, vendor: str) -> None:
     response = oai.responses.create(
-        model=f"{vendor}-ok", instructions="Be brief.", input="Say hello", reasoning={"effort": "low"}
+        model=f"{vendor}-ok",
+        instructions="Be brief.",
+        input="Say hello",
+        reasoning={"effort": "low"},
     )
     assert response.output_text == hello(vendor)
     assert response.status == "completed" and response.model == f"{vendor}-ok"
@@ -180,8 +190,12 @@ def test_responses_create(oai: openai.OpenAI, vendor: str) -> None:
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_responses_stream_with_a_function_tool(oai: openai.OpenAI, vendor: str) -> None:
-    tool = {"type": "function", "name": "get_weather", "description": "Weather",
-            "parameters": WEATHER["input_schema"]}
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather",
+        "parameters": WEATHER["input_schema"],
+    }
     with oai.responses.stream(
         model=f"{vendor}-tool", input="Weather in Paris?", tools=[tool]
     ) as stream:
@@ -193,8 +207,12 @@ def test_responses_stream_with_a_function_tool(oai: openai.OpenAI, vendor: str) 
 
 
 def test_responses_structured_output(oai: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
-              "required": ["answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     response = oai.responses.create(
         model="openai-json",
         input="The answer?",
@@ -209,15 +227,21 @@ def test_responses_previous_response_id_is_a_clear_400(oai: openai.OpenAI) -> No
     assert refused.value.body["param"] == "previous_response_id"
 
 
-def test_rows_name_their_endpoint(gateway: Gateway, claude: anthropic.Anthropic,
-                                  oai: openai.OpenAI) -> None:
-    claude.messages.create(model="gemini-ok", max_tokens=8,
-                           messages=[{"role": "user", "content": "hi"}],
-                           extra_headers={"x-request-id": "dialect-messages"})
-    oai.responses.create(model="gemini-ok", input="hi",
-                         extra_headers={"x-request-id": "dialect-responses"})
-    rows = httpx.get(gateway.url + "/admin/usage",
-                     headers={"authorization": f"Bearer {ADMIN}"}).text.splitlines()
+def test_rows_name_their_endpoint(
+    gateway: Gateway, claude: anthropic.Anthropic, oai: openai.OpenAI
+) -> None:
+    claude.messages.create(
+        model="gemini-ok",
+        max_tokens=8,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-request-id": "dialect-messages"},
+    )
+    oai.responses.create(
+        model="gemini-ok", input="hi", extra_headers={"x-request-id": "dialect-responses"}
+    )
+    rows = httpx.get(
+        gateway.url + "/admin/usage", headers={"authorization": f"Bearer {ADMIN}"}
+    ).text.splitlines()
     by_id = {r["client_request_id"]: r for r in map(json.loads, rows)}
     assert by_id["dialect-messages"]["endpoint"] == "messages"
     assert by_id["dialect-responses"]["endpoint"] == "responses"

@@ -14,8 +14,9 @@ USER = [{"role": "user", "content": "Say hello"}]
 
 
 def post(gateway, payload=None, content=None, **kwargs):
-    return httpx.post(gateway.base_url + "/chat/completions", json=payload, content=content,
-                      timeout=10, **kwargs)
+    return httpx.post(
+        gateway.base_url + "/chat/completions", json=payload, content=content, timeout=10, **kwargs
+    )
 
 
 def assert_openai_error(response, status, param=None, code=None):
@@ -45,7 +46,10 @@ def test_malformed_json_is_400(gateway, body):
         ({"model": "gpt-4o-mini", "messages": USER, "temperature": 3}, "temperature"),
         ({"model": "gpt-4o-mini", "messages": USER, "max_tokens": 0}, "max_tokens"),
         ({"model": "gpt-4o-mini", "messages": USER, "top_p": "high"}, "top_p"),
-        ({"model": "gpt-4o-mini", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        (
+            {"model": "gpt-4o-mini", "messages": [{"role": "wizard", "content": "x"}]},
+            "messages[0].role",
+        ),
         ({"model": "gpt-4o-mini", "messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ],
 )
@@ -67,8 +71,9 @@ def test_body_over_the_limit_is_413(gateway):
 
 
 def test_upstream_timeout_is_504(gateway):
-    assert_openai_error(post(gateway, {"model": "slow", "messages": USER}), 504,
-                        code="upstream_timeout")
+    assert_openai_error(
+        post(gateway, {"model": "slow", "messages": USER}), 504, code="upstream_timeout"
+    )
 
 
 def test_all_targets_failed_is_502(gateway):
@@ -94,7 +99,9 @@ def test_upstream_400_is_passed_through_and_never_falls_back(gateway, fake):
     assert [r.json["model"] for r in fake.requests[before:]] == ["m-bad-request"]
 
 
-@pytest.mark.parametrize("alias", ["after-5xx", "after-429", "after-refused", "after-reset", "after-slow"])
+@pytest.mark.parametrize(
+    "alias", ["after-5xx", "after-429", "after-refused", "after-reset", "after-slow"]
+)
 def test_fallback_to_the_next_target(client, alias):
     raw = client.chat.completions.with_raw_response.create(model=alias, messages=USER)
     assert raw.parse().choices[0].message.content == "Hello from openai!"
@@ -109,7 +116,10 @@ def test_connection_errors_are_retried_before_falling_back(client):
 
 def test_stream_falls_back_before_the_first_byte(client):
     chunks = list(client.chat.completions.create(model="after-5xx", messages=USER, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello from openai!"
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == "Hello from openai!"
+    )
 
 
 def test_failure_after_first_byte_ends_stream_with_error_event(client):
@@ -129,8 +139,12 @@ def test_truncated_upstream_stream_ends_with_error_event(client):
 def test_client_disconnect_cancels_the_upstream_stream(gateway, fake):
     fake.slow_seconds = 5.0
     before = fake.disconnects
-    with httpx.stream("POST", gateway.base_url + "/chat/completions", timeout=10,
-                      json={"model": "slow-stream", "messages": USER, "stream": True}) as response:
+    with httpx.stream(
+        "POST",
+        gateway.base_url + "/chat/completions",
+        timeout=10,
+        json={"model": "slow-stream", "messages": USER, "stream": True},
+    ) as response:
         for line in response.iter_lines():
             if '"Hello"' in line:
                 break

@@ -48,17 +48,25 @@ def test_ready_only_after_the_model_answered_a_probe(started):
 
 
 def test_greedy_answer_is_exact(client):
-    reply = client.chat.completions.create(model="smollm2", messages=FRANCE, temperature=0,
-                                           max_tokens=32)
+    reply = client.chat.completions.create(
+        model="smollm2", messages=FRANCE, temperature=0, max_tokens=32
+    )
     assert reply.choices[0].message.content == "The capital of France is Paris."
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.prompt_tokens == 37
 
 
 def test_stream_gives_the_same_text(client):
-    chunks = list(client.chat.completions.create(
-        model="smollm2", messages=FRANCE, temperature=0, max_tokens=32, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2",
+            messages=FRANCE,
+            temperature=0,
+            max_tokens=32,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "The capital of France is Paris."
     assert chunks[-1].usage.completion_tokens > 0
@@ -69,28 +77,35 @@ def test_local_errors_are_openai_shaped(client):
         client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=100_000)
     assert info.value.body["param"] in ("max_tokens", "max_completion_tokens")
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="smollm2", messages=FRANCE, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+        client.chat.completions.create(
+            model="smollm2",
+            messages=FRANCE,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )
 
 
 def test_the_anthropic_sdk_reaches_the_local_model(started):
     claude = anthropic.Anthropic(base_url=started[0].url, api_key="unused", max_retries=0)
     # This SDK no longer takes ``temperature`` as an argument; the wire field still exists.
     greedy = {"temperature": 0}
-    message = claude.messages.create(model="smollm2", messages=FRANCE, max_tokens=32,
-                                     extra_body=greedy)
+    message = claude.messages.create(
+        model="smollm2", messages=FRANCE, max_tokens=32, extra_body=greedy
+    )
     assert message.content[0].text == "The capital of France is Paris."
     assert message.stop_reason == "end_turn" and message.usage.input_tokens == 37
-    with claude.messages.stream(model="smollm2", messages=FRANCE, max_tokens=32,
-                                extra_body=greedy) as stream:
+    with claude.messages.stream(
+        model="smollm2", messages=FRANCE, max_tokens=32, extra_body=greedy
+    ) as stream:
         assert "".join(stream.text_stream) == "The capital of France is Paris."
 
 
 def test_the_responses_api_reaches_the_local_model(client):
-    response = client.responses.create(model="smollm2", input=FRANCE[0]["content"],
-                                       temperature=0, max_output_tokens=32)
+    response = client.responses.create(
+        model="smollm2", input=FRANCE[0]["content"], temperature=0, max_output_tokens=32
+    )
     assert response.output_text == "The capital of France is Paris."
-    with client.responses.stream(model="smollm2", input=FRANCE[0]["content"], temperature=0,
-                                 max_output_tokens=32) as stream:
+    with client.responses.stream(
+        model="smollm2", input=FRANCE[0]["content"], temperature=0, max_output_tokens=32
+    ) as stream:
         final = stream.get_final_response()
     assert final.output_text == "The capital of France is Paris."

@@ -24,12 +24,16 @@ def test_request_completed_line_without_secrets(capsys):
 
 def run_two_requests_and_check(capsys):
     with serve(FakeOpenAI()) as upstream:
-        config = (f"providers:\n  oa: {{type: openai, base_url: '{upstream.url}/v1', api_key_env: K}}\n"
-                  "models:\n  m: {targets: [{provider: oa, model: m-cached}]}\n")
+        config = (
+            f"providers:\n  oa: {{type: openai, base_url: '{upstream.url}/v1', api_key_env: K}}\n"
+            "models:\n  m: {targets: [{provider: oa, model: m-cached}]}\n"
+        )
         with running_gateway(config, {"K": "sk-provider-secret"}) as gateway:
-            response = httpx.post(gateway.base_url + "/chat/completions",
-                                  headers={"authorization": "Bearer sk-client-secret"},
-                                  json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            response = httpx.post(
+                gateway.base_url + "/chat/completions",
+                headers={"authorization": "Bearer sk-client-secret"},
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            )
             assert response.status_code == 200
             httpx.post(gateway.base_url + "/chat/completions", content=b"{oops")
     out = capsys.readouterr().out
@@ -38,7 +42,12 @@ def run_two_requests_and_check(capsys):
     assert len(lines) == 2
     ok, bad = lines
     assert ok["request_id"] == response.headers["x-request-id"]
-    assert (ok["model"], ok["provider"], ok["upstream_model"], ok["status"]) == ("m", "oa", "m-cached", 200)
+    assert (ok["model"], ok["provider"], ok["upstream_model"], ok["status"]) == (
+        "m",
+        "oa",
+        "m-cached",
+        200,
+    )
     assert (ok["prompt_tokens"], ok["completion_tokens"], ok["cached_tokens"]) == (11, 5, 7)
     assert ok["attempts"] == 1 and ok["latency_ms"] > 0 and ok["ttft_ms"] > 0
     assert (bad["status"], bad["error"]) == (400, "invalid_json")

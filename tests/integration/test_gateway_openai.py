@@ -32,7 +32,11 @@ def test_chat_sync_returns_upstream_answer_and_route_headers(client, fake):
 
 def test_unknown_fields_are_forwarded_untouched(client, fake):
     client.chat.completions.create(
-        model="gpt-4o-mini", messages=USER, seed=7, user="u1", top_p=0.5,
+        model="gpt-4o-mini",
+        messages=USER,
+        seed=7,
+        user="u1",
+        top_p=0.5,
         extra_body={"vendor_flag": {"nested": [1, 2]}, "logit_bias": {"50256": -100}},
     )
     body = last_body(fake)
@@ -73,15 +77,29 @@ def test_chat_stream_with_usage(client):
 
 
 def test_tools_and_tool_result_turn(client, fake):
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}}}}]
-    first = client.chat.completions.create(model="tools", messages=USER, tools=tools,
-                                           tool_choice="auto")
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    first = client.chat.completions.create(
+        model="tools", messages=USER, tools=tools, tool_choice="auto"
+    )
     call = first.choices[0].message.tool_calls[0]
-    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
     assert first.choices[0].finish_reason == "tool_calls"
-    followup = [*USER, first.choices[0].message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]
+    followup = [
+        *USER,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+    ]
     client.chat.completions.create(model="tools", messages=followup, tools=tools)
     sent = last_body(fake)["messages"]
     assert sent[-1] == {"role": "tool", "tool_call_id": "call_abc", "content": '{"temp": 21}'}
@@ -90,28 +108,48 @@ def test_tools_and_tool_result_turn(client, fake):
 
 def test_streamed_tool_call_deltas(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
-    chunks = list(client.chat.completions.create(model="tools", messages=USER, tools=tools, stream=True))
-    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    chunks = list(
+        client.chat.completions.create(model="tools", messages=USER, tools=tools, stream=True)
+    )
+    deltas = [
+        c.choices[0].delta.tool_calls[0]
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+    ]
     assert deltas[0].id == "call_abc" and deltas[0].function.name == "get_weather"
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_json_schema_response_format_is_forwarded(client, fake):
-    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+    }
     completion = client.chat.completions.create(
-        model="json", messages=USER,
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}},
+        model="json",
+        messages=USER,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": True},
+        },
     )
     assert json.loads(completion.choices[0].message.content) == {"answer": 42}
     assert last_body(fake)["response_format"]["json_schema"]["schema"] == schema
 
 
 def test_image_content_parts_are_accepted(client, fake):
-    content = [{"type": "text", "text": "what is this?"},
-               {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
-    client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": content}])
-    assert last_body(fake)["messages"][0]["content"][1]["image_url"]["url"].startswith("data:image/png")
+    content = [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]
+    client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": content}]
+    )
+    assert last_body(fake)["messages"][0]["content"][1]["image_url"]["url"].startswith(
+        "data:image/png"
+    )
 
 
 def test_embeddings(client, fake):
@@ -140,4 +178,6 @@ def test_health_and_readiness(gateway):
     assert httpx.get(gateway.url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(gateway.url + "/readyz")
     assert ready.status_code == 200
-    assert ready.json()["disabled"] == {"nokey": "environment variable SWITCHYARD_TEST_UNSET_KEY is not set"}
+    assert ready.json()["disabled"] == {
+        "nokey": "environment variable SWITCHYARD_TEST_UNSET_KEY is not set"
+    }

@@ -18,9 +18,20 @@ from tests.integration.gateway_harness import running_gateway
 
 pytestmark = pytest.mark.anyio
 USER = [{"role": "user", "content": "Say hello"}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                         "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 VENDORS = ["anthropic", "gemini"]
 
 
@@ -42,9 +53,13 @@ def gateway(fakes):
     ]
     for vendor in VENDORS:
         for scenario in ("ok", "tool", "json", "cached", "server-error", "stream-error"):
-            lines.append(f"  {vendor}-{scenario}: {{targets: [{{provider: {vendor}, model: m-{scenario}}}]}}")
-        lines.append(f"  {vendor}-fallback: {{targets: [{{provider: {vendor}, model: m-overloaded}}, "
-                     f"{{provider: {vendor}, model: m-ok}}]}}")
+            lines.append(
+                f"  {vendor}-{scenario}: {{targets: [{{provider: {vendor}, model: m-{scenario}}}]}}"
+            )
+        lines.append(
+            f"  {vendor}-fallback: {{targets: [{{provider: {vendor}, model: m-overloaded}}, "
+            f"{{provider: {vendor}, model: m-ok}}]}}"
+        )
     lines.append("  ge-embed: {targets: [{provider: gemini, model: text-embedding-004}]}")
     env = {"AN_KEY": "sk-ant-test", "GE_KEY": GEMINI_KEY}
     with running_gateway("\n".join(lines), env) as gw:
@@ -72,7 +87,8 @@ def test_chat(client, gateway, vendor):
 async def test_stream_async_with_usage(gateway, vendor):
     aclient = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="x", max_retries=0)
     stream = await aclient.chat.completions.create(
-        model=f"{vendor}-cached", messages=USER, stream=True, stream_options={"include_usage": True})
+        model=f"{vendor}-cached", messages=USER, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -95,8 +111,11 @@ def test_tool_call_and_tool_result_turn(client, fakes, vendor):
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert first.choices[0].finish_reason == "tool_calls"
-    turn = [*USER, first.choices[0].message.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]
+    turn = [
+        *USER,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+    ]
     second = client.chat.completions.create(model=f"{vendor}-ok", messages=turn, tools=TOOLS)
     assert second.choices[0].message.content == f"Hello from {vendor}!"
     sent = fakes[vendor][0].requests[-1].json
@@ -110,8 +129,11 @@ def test_tool_call_and_tool_result_turn(client, fakes, vendor):
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_streamed_tool_call(client, vendor):
-    chunks = list(client.chat.completions.create(model=f"{vendor}-tool", messages=USER,
-                                                 tools=TOOLS, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=f"{vendor}-tool", messages=USER, tools=TOOLS, stream=True
+        )
+    )
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].function.name == "get_weather" and deltas[0].id
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Paris"}
@@ -119,24 +141,37 @@ def test_streamed_tool_call(client, vendor):
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_json_schema(client, vendor):
-    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+    }
     completion = client.chat.completions.create(
-        model=f"{vendor}-json", messages=USER,
-        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        model=f"{vendor}-json",
+        messages=USER,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema},
+        },
+    )
     assert json.loads(completion.choices[0].message.content) == {"answer": 42}
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_fallback_on_overload(client, vendor):
-    raw = client.chat.completions.with_raw_response.create(model=f"{vendor}-fallback", messages=USER)
+    raw = client.chat.completions.with_raw_response.create(
+        model=f"{vendor}-fallback", messages=USER
+    )
     assert raw.parse().choices[0].message.content == f"Hello from {vendor}!"
     assert raw.headers["x-switchyard-attempts"] == "2"
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_upstream_5xx_is_502(gateway, vendor):
-    response = httpx.post(gateway.base_url + "/chat/completions",
-                          json={"model": f"{vendor}-server-error", "messages": USER})
+    response = httpx.post(
+        gateway.base_url + "/chat/completions",
+        json={"model": f"{vendor}-server-error", "messages": USER},
+    )
     assert response.status_code == 502
     assert response.json()["error"]["type"] == "upstream_error"
 
@@ -145,8 +180,9 @@ def test_upstream_5xx_is_502(gateway, vendor):
 def test_mid_stream_error_event(client, vendor):
     received = []
     with pytest.raises(openai.APIError):
-        for chunk in client.chat.completions.create(model=f"{vendor}-stream-error", messages=USER,
-                                                    stream=True):
+        for chunk in client.chat.completions.create(
+            model=f"{vendor}-stream-error", messages=USER, stream=True
+        ):
             received.append(chunk)
     assert any(c.choices and c.choices[0].delta.content for c in received)
 

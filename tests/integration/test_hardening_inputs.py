@@ -158,7 +158,11 @@ def test_enormous_model_name_is_400_with_bounded_message(gateway: Gateway) -> No
     """Model names are at most 256 characters: a longer one is never echoed or logged."""
     name = "m" * 500_000
     for path in ("/chat/completions", "/completions", "/embeddings"):
-        extra = b'"messages":[{"role":"user","content":"hi"}]' if "chat" in path else b'"prompt":"hi","input":"hi"'
+        extra = (
+            b'"messages":[{"role":"user","content":"hi"}]'
+            if "chat" in path
+            else b'"prompt":"hi","input":"hi"'
+        )
         body = b'{"model":"%s",%s}' % (name.encode(), extra)
         answer = post(gateway, path, body)
         assert answer.status_code == 400, answer.text[:300]

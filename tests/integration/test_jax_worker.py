@@ -67,9 +67,21 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Worker]:
     port = free_port()
-    args = [sys.executable, "-m", "local_tier.worker", "--port", str(port),
-            "--served-model-name", MODEL, "--max-model-len", str(MAX_LEN),
-            "--max-batch-size", "4", "--kv-cache-tokens", "8192"]
+    args = [
+        sys.executable,
+        "-m",
+        "local_tier.worker",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--max-model-len",
+        str(MAX_LEN),
+        "--max-batch-size",
+        "4",
+        "--kv-cache-tokens",
+        "8192",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "worker.log"
         with log.open("wb") as out:
@@ -104,18 +116,25 @@ def test_chat(worker: Worker):
     choice = reply.choices[0]
     assert reply.model == MODEL and choice.message.role == "assistant"
     assert choice.message.content and choice.finish_reason in ("stop", "length")
-    counted = httpx.post(worker.url + "/tokenize",
-                         json={"messages": ask("What is the capital of France?")}).json()
+    counted = httpx.post(
+        worker.url + "/tokenize", json={"messages": ask("What is the capital of France?")}
+    ).json()
     assert reply.usage is not None
     assert reply.usage.prompt_tokens == counted["count"]
     assert 0 < reply.usage.completion_tokens <= 24
 
 
 def test_stream(worker: Worker):
-    chunks = list(worker.client.chat.completions.create(
-        model=MODEL, messages=ask("Name three colors."), max_tokens=20, temperature=0,
-        stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        worker.client.chat.completions.create(
+            model=MODEL,
+            messages=ask("Name three colors."),
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
@@ -131,9 +150,11 @@ def test_completions(worker: Worker):
     )
     assert done.object == "text_completion" and done.choices[0].text
     assert done.usage is not None and done.usage.completion_tokens <= 5
-    parts = list(worker.client.completions.create(
-        model=MODEL, prompt="One, two, three,", max_tokens=6, temperature=0, stream=True
-    ))
+    parts = list(
+        worker.client.completions.create(
+            model=MODEL, prompt="One, two, three,", max_tokens=6, temperature=0, stream=True
+        )
+    )
     assert "".join(p.choices[0].text for p in parts).strip()
     assert parts[-1].choices[0].finish_reason in ("stop", "length")
 
@@ -153,7 +174,9 @@ def test_prefix_cache_hits_show_in_usage_and_metrics(worker: Worker):
     usages = []
     for question in ("Say hi.", "Say bye."):
         reply = worker.client.chat.completions.create(
-            model=MODEL, max_tokens=4, temperature=0,
+            model=MODEL,
+            max_tokens=4,
+            temperature=0,
             messages=[{"role": "system", "content": system}, *ask(question)],
         )
         usages.append(reply.usage)
@@ -162,15 +185,25 @@ def test_prefix_cache_hits_show_in_usage_and_metrics(worker: Worker):
     assert second is not None and second.prompt_tokens_details is not None
     assert second.prompt_tokens_details.cached_tokens >= 128
     after = worker.metrics()
-    gained = {name: metric(after, name) - metric(before, name) for name in (
-        "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-        "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-        "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
-        "vllm:inter_token_latency_seconds_count")}
+    gained = {
+        name: metric(after, name) - metric(before, name)
+        for name in (
+            "vllm:prefix_cache_hits_total",
+            "vllm:prefix_cache_queries_total",
+            "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total",
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:e2e_request_latency_seconds_count",
+            "vllm:inter_token_latency_seconds_count",
+        )
+    }
     assert gained["vllm:prefix_cache_hits_total"] >= 128
     assert all(value > 0 for value in gained.values()), gained
-    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                  "vllm:kv_cache_usage_perc"):
+    for gauge in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    ):
         assert metric(after, gauge) >= 0
     assert "vllm:cache_config_info{block_size=" in after
 
@@ -196,8 +229,12 @@ def test_unknown_model_is_404(worker: Worker):
 
 def test_cancelled_stream_frees_the_sequence(worker: Worker):
     stream = worker.client.chat.completions.create(
-        model=MODEL, messages=ask("Write a long story about a dragon."), max_tokens=400,
-        stream=True, temperature=0.7, seed=1,
+        model=MODEL,
+        messages=ask("Write a long story about a dragon."),
+        max_tokens=400,
+        stream=True,
+        temperature=0.7,
+        seed=1,
     )
     received = [next(stream) for _ in range(4)]
     assert received[0].choices[0].delta.role == "assistant"

@@ -60,9 +60,12 @@ async def test_rpm_tpm_headers_and_reconcile(store, clock: FakeClock) -> None:
     q = quotas(store, clock, acme=TenantConfig(limits=Limits(rpm=3, tpm=1000)))
     a = await q.admit(who(), 700, 0.0, "a")
     assert a.headers() == {
-        "x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "2",
-        "x-ratelimit-reset-requests": "40s", "x-ratelimit-limit-tokens": "1000",
-        "x-ratelimit-remaining-tokens": "300", "x-ratelimit-reset-tokens": "40s",
+        "x-ratelimit-limit-requests": "3",
+        "x-ratelimit-remaining-requests": "2",
+        "x-ratelimit-reset-requests": "40s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "300",
+        "x-ratelimit-reset-tokens": "40s",
     }
     with pytest.raises(RateLimitError) as info:
         await q.admit(who(), 301, 0.0, "b")
@@ -121,8 +124,9 @@ async def test_every_redis_counter_expires(redis_url: str, clock: FakeClock) -> 
     async def expiring() -> dict[str, int]:
         keys = [k.decode() async for k in store.client.scan_iter("*")]
         assert all(k.startswith("sy:quota:{acme}:") for k in keys)
-        ttls = {k.rsplit(":", 1)[0] if k[-1].isdigit() else k: await store.client.pttl(k)
-                for k in keys}
+        ttls = {
+            k.rsplit(":", 1)[0] if k[-1].isdigit() else k: await store.client.pttl(k) for k in keys
+        }
         month_ms = (seconds_left(Window.MONTH, clock.wall()) + 61) * 1000
         assert all(0 < ttl <= month_ms for ttl in ttls.values()), ttls
         return ttls
@@ -180,7 +184,11 @@ def test_three_processes_admit_exactly_the_rpm(redis_url: str) -> None:
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", REPLICA, redis_url, str(rpm), str(rpm), str(n)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         for n in range(3)
     ]
@@ -206,7 +214,9 @@ def test_three_processes_admit_exactly_the_rpm(redis_url: str) -> None:
 # -- Redis stopped mid-run, then restarted ------------------------------------------------------
 
 
-async def _load(q: QuotaManager, tenant: str, log: list[tuple[str, str]], stop: asyncio.Event) -> None:
+async def _load(
+    q: QuotaManager, tenant: str, log: list[tuple[str, str]], stop: asyncio.Event
+) -> None:
     """Admit and settle in a loop, recording what each admission turned into."""
     i = 0
     while not stop.is_set():
@@ -232,7 +242,9 @@ async def _until(predicate, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def test_redis_outage_mid_run(redis_server: RedisServer, redis_url: str, clock: FakeClock) -> None:
+async def test_redis_outage_mid_run(
+    redis_server: RedisServer, redis_url: str, clock: FakeClock
+) -> None:
     store = RedisStore(RedisConfig(url=redis_url, timeout_s=0.5, retry_interval_s=5), clock)
     tenants = {
         "open": TenantConfig(limits=Limits(rpm=100_000, concurrency=50)),
@@ -250,12 +262,16 @@ async def test_redis_outage_mid_run(redis_server: RedisServer, redis_url: str, c
         await _until(lambda: seen("open", "redis") and seen("closed", "redis"), "redis decisions")
         redis_server.stop()
         mark = len(log)
-        await _until(lambda: seen("open", "degraded", mark) and seen("closed", "503", mark), "fallback")
+        await _until(
+            lambda: seen("open", "degraded", mark) and seen("closed", "503", mark), "fallback"
+        )
         assert not seen("closed", "degraded") and not seen("open", "503")
         redis_server.start()
         mark = len(log)
         clock.advance(5)  # retry_interval_s: the store tries Redis again by itself
-        await _until(lambda: seen("open", "redis", mark) and seen("closed", "redis", mark), "recovery")
+        await _until(
+            lambda: seen("open", "redis", mark) and seen("closed", "redis", mark), "recovery"
+        )
     finally:
         stop.set()
         await asyncio.gather(*tasks)

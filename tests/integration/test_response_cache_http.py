@@ -113,8 +113,11 @@ def test_repeat_is_a_hit_also_replayed_as_a_stream(world: World) -> None:
 
     client = openai.OpenAI(base_url=world.gateway.base_url, api_key=world.acme, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="chat", messages=[{"role": "user", "content": text}], temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model="chat",
+        messages=[{"role": "user", "content": text}],
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     assert raw.headers[CACHE] == "hit"
     assert raw.headers["content-type"].startswith("text/event-stream")
@@ -185,8 +188,9 @@ def test_ledger_rows_of_hits_cost_nothing(world: World) -> None:
     ids = {name: f"req-cache-{name}-{uuid.uuid4().hex[:12]}" for name in ("miss", "hit", "sse")}
     post(world, world.acme, text, {"x-request-id": ids["miss"]}, temperature=0)
     post(world, world.acme, text, {"x-request-id": ids["hit"]}, temperature=0)
-    streamed = post(world, world.acme, text, {"x-request-id": ids["sse"]}, temperature=0,
-                    stream=True)
+    streamed = post(
+        world, world.acme, text, {"x-request-id": ids["sse"]}, temperature=0, stream=True
+    )
     assert streamed.headers[CACHE] == "hit"
     assert streamed.text.rstrip().endswith("data: [DONE]")
     rows = usage_rows(world)

@@ -38,9 +38,21 @@ def worker_url() -> Iterator[str]:
     """A JAX worker with one batch slot (the compile cache in ~/.cache/switchyard/jax is
     reused across runs, as by the other model tests)."""
     port = free_port()
-    args = [sys.executable, "-m", "local_tier.worker", "--port", str(port),
-            "--served-model-name", MODEL, "--max-model-len", "512",
-            "--max-batch-size", "1", "--kv-cache-tokens", "8192"]
+    args = [
+        sys.executable,
+        "-m",
+        "local_tier.worker",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--max-model-len",
+        "512",
+        "--max-batch-size",
+        "1",
+        "--kv-cache-tokens",
+        "8192",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         worker = WorkerProcess(args, port=port, log_path=Path(tmp) / "worker.log").start()
         try:
@@ -79,16 +91,21 @@ models:
 
 
 def ask(gateway: Gateway, max_tokens: int = 64) -> httpx.Response:
-    body = {"model": "chat", "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": STORY}]}
+    body = {
+        "model": "chat",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": STORY}],
+    }
     answer = httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=300)
     assert answer.status_code == 200, answer.text
     return answer
 
 
 def local_health(gateway: Gateway) -> dict[str, Any]:
-    answer = httpx.get(gateway.url + "/admin/targets",
-                       headers={"authorization": f"Bearer {ADMIN}"}, timeout=10)
+    answer = httpx.get(
+        gateway.url + "/admin/targets", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10
+    )
     assert answer.status_code == 200, answer.text
     (found,) = [t for t in answer.json()["targets"] if t["target"] == LOCAL_LABEL]
     return dict(found)

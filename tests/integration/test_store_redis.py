@@ -139,7 +139,9 @@ async def test_refused_connection_is_unavailable(clock: FakeClock) -> None:
     await store.aclose()
 
 
-async def test_a_read_only_replica_counts_as_unavailable(rstore: RedisStore, clock: FakeClock) -> None:
+async def test_a_read_only_replica_counts_as_unavailable(
+    rstore: RedisStore, clock: FakeClock
+) -> None:
     # What a client sees while talking to a demoted primary during a failover.
     await rstore.client.execute_command("REPLICAOF", "127.0.0.1", "1")
     try:

@@ -79,13 +79,17 @@ models:
             yield World(gateway, keys, acme_key, globex_key, private_pem)
 
 
-def chat(gateway: Gateway, token: str | None, model: str = "chat", text: str = "hi") -> httpx.Response:
+def chat(
+    gateway: Gateway, token: str | None, model: str = "chat", text: str = "hi"
+) -> httpx.Response:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     body = {"model": model, "messages": [{"role": "user", "content": text}]}
     return httpx.post(gateway.base_url + "/chat/completions", json=body, headers=headers)
 
 
-def rows(gateway: Gateway, token: str = ADMIN, path: str = "/admin/usage", **params: str) -> list[dict]:
+def rows(
+    gateway: Gateway, token: str = ADMIN, path: str = "/admin/usage", **params: str
+) -> list[dict]:
     answer = httpx.get(
         gateway.url + path, params=params, headers={"authorization": f"Bearer {token}"}
     )
@@ -95,10 +99,21 @@ def rows(gateway: Gateway, token: str = ADMIN, path: str = "/admin/usage", **par
 
 def token(claims: dict, key: str | bytes = SECRET, alg: str = "HS256", **headers: str) -> str:
     now = int(time.time())
-    payload = {"iss": ISSUER, "aud": AUDIENCE, "sub": "svc-1", "tenant": "acme", "iat": now,
-               "exp": now + 300, **claims}
-    return jwt.encode({k: v for k, v in payload.items() if v is not None}, key, algorithm=alg,
-                      headers=headers or None)
+    payload = {
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "sub": "svc-1",
+        "tenant": "acme",
+        "iat": now,
+        "exp": now + 300,
+        **claims,
+    }
+    return jwt.encode(
+        {k: v for k, v in payload.items() if v is not None},
+        key,
+        algorithm=alg,
+        headers=headers or None,
+    )
 
 
 def assert_auth_error(answer: httpx.Response, status: int = 401) -> None:
@@ -154,19 +169,31 @@ def test_valid_jwts_are_served(world: World) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["expired", "wrong-signature", "alg-none", "hs-rs-confusion", "wrong-audience",
-     "wrong-issuer", "missing-tenant", "unknown-tenant", "not-yet-valid"],
+    [
+        "expired",
+        "wrong-signature",
+        "alg-none",
+        "hs-rs-confusion",
+        "wrong-audience",
+        "wrong-issuer",
+        "missing-tenant",
+        "unknown-tenant",
+        "not-yet-valid",
+    ],
 )
 def test_bad_jwts_get_401(world: World, case: str) -> None:
     now = int(time.time())
-    public_pem = (Path(world.gateway.app.state.gateway.runtime.config.auth.jwt.public_key_file)
-                  .read_bytes())
+    public_pem = Path(
+        world.gateway.app.state.gateway.runtime.config.auth.jwt.public_key_file
+    ).read_bytes()
     tokens = {
         "expired": lambda: token({"exp": now - 3600, "iat": now - 7200}),
         "wrong-signature": lambda: token({}, "x" * 48),
         "alg-none": lambda: jwt.encode(
             {"iss": ISSUER, "aud": AUDIENCE, "sub": "s", "tenant": "acme", "exp": now + 60},
-            None, algorithm="none"),
+            None,
+            algorithm="none",
+        ),
         "hs-rs-confusion": lambda: _hs_signed_with(public_pem, now),
         "wrong-audience": lambda: token({"aud": "someone-else"}),
         "wrong-issuer": lambda: token({"iss": "https://evil.example"}),
@@ -206,8 +233,11 @@ def test_failed_requests_leave_no_ledger_row(world: World) -> None:
     chat(world.gateway, None)
     chat(world.gateway, world.acme_key, model="json")  # 403
     chat(world.gateway, world.acme_key, model="nope")  # 404
-    httpx.post(world.gateway.base_url + "/chat/completions", content=b"{not json",
-               headers={"authorization": f"Bearer {world.acme_key}"})  # 400
+    httpx.post(
+        world.gateway.base_url + "/chat/completions",
+        content=b"{not json",
+        headers={"authorization": f"Bearer {world.acme_key}"},
+    )  # 400
     assert rows(world.gateway) == before
 
 
@@ -220,11 +250,15 @@ def test_usage_export_is_scoped_to_the_callers_tenant(world: World) -> None:
     assert globex and {r["SubAccountId"] for r in globex} == {"globex"}
     everything = rows(world.gateway)
     assert {r["request_id"] for r in everything} >= {r["request_id"] for r in acme + globex}
-    other = httpx.get(world.gateway.url + "/v1/usage", params={"tenant": "globex"},
-                      headers={"authorization": f"Bearer {world.acme_key}"})
+    other = httpx.get(
+        world.gateway.url + "/v1/usage",
+        params={"tenant": "globex"},
+        headers={"authorization": f"Bearer {world.acme_key}"},
+    )
     assert_auth_error(other, 403)
-    admin_only = httpx.get(world.gateway.url + "/admin/usage",
-                           headers={"authorization": f"Bearer {world.acme_key}"})
+    admin_only = httpx.get(
+        world.gateway.url + "/admin/usage", headers={"authorization": f"Bearer {world.acme_key}"}
+    )
     assert_auth_error(admin_only, 403)
     assert httpx.get(world.gateway.url + "/v1/usage").status_code == 401
 

@@ -118,7 +118,9 @@ def test_wait_estimate_from_the_release_rate() -> None:
     st.lists(st.sampled_from("abc"), min_size=1, max_size=60),
     st.dictionaries(st.sampled_from("abc"), st.sampled_from([0.5, 1.0, 2.0, 4.0])),
 )
-def test_backlogged_tenants_get_their_weighted_share(arrivals: list[str], weights: dict[str, float]) -> None:
+def test_backlogged_tenants_get_their_weighted_share(
+    arrivals: list[str], weights: dict[str, float]
+) -> None:
     # Everyone queued up front; while two tenants both still wait, their normalised service
     # counts never differ by more than one request's worth of each (the SFQ bound).
     core = FairQueue(weights)
@@ -145,9 +147,13 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def queue(max_size: int = 8, deadline_s: float = 10.0, **weights: float) -> tuple[AdmissionQueue, FakeClock]:
+def queue(
+    max_size: int = 8, deadline_s: float = 10.0, **weights: float
+) -> tuple[AdmissionQueue, FakeClock]:
     clock = FakeClock()
-    return AdmissionQueue(QueueConfig(max_size=max_size, deadline_s=deadline_s), weights, clock), clock
+    return AdmissionQueue(
+        QueueConfig(max_size=max_size, deadline_s=deadline_s), weights, clock
+    ), clock
 
 
 @pytest.mark.anyio

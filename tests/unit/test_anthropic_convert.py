@@ -49,8 +49,9 @@ def body(req: ChatRequest, *, stream: bool = False, default_max: int = 1024) -> 
 
 
 USER = Message("user", "Hi")
-WEATHER = Tool(FunctionDef("get_weather", "Weather by city", {"type": "object",
-                                                              "properties": {"city": {}}}))
+WEATHER = Tool(
+    FunctionDef("get_weather", "Weather by city", {"type": "object", "properties": {"city": {}}})
+)
 
 
 # ---------------------------------------------------------------- requests
@@ -71,11 +72,17 @@ def test_system_and_developer_messages_go_to_top_level_system() -> None:
     one = body(request(Message("system", "Be brief."), USER))
     assert one["system"] == "Be brief."
     assert [m["role"] for m in one["messages"]] == ["user"]
-    several = body(request(
-        Message("system", "Be brief."), USER, Message("developer", [TextPart("Use French.")]),
-    ))
-    assert several["system"] == [{"type": "text", "text": "Be brief."},
-                                 {"type": "text", "text": "Use French."}]
+    several = body(
+        request(
+            Message("system", "Be brief."),
+            USER,
+            Message("developer", [TextPart("Use French.")]),
+        )
+    )
+    assert several["system"] == [
+        {"type": "text", "text": "Be brief."},
+        {"type": "text", "text": "Use French."},
+    ]
     assert len(several["messages"]) == 1
 
 
@@ -93,45 +100,77 @@ def test_only_system_messages_are_rejected() -> None:
 
 
 def test_consecutive_same_role_turns_are_merged_in_order() -> None:
-    sent = body(request(Message("user", "a"), Message("user", [TextPart("b")]),
-                        Message("assistant", "c"), Message("assistant", "d")))
+    sent = body(
+        request(
+            Message("user", "a"),
+            Message("user", [TextPart("b")]),
+            Message("assistant", "c"),
+            Message("assistant", "d"),
+        )
+    )
     assert sent["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant",
-         "content": [{"type": "text", "text": "c"}, {"type": "text", "text": "d"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "c"}, {"type": "text", "text": "d"}],
+        },
     ]
 
 
 def test_tool_turns_become_one_user_message_of_tool_results() -> None:
-    calls = [ToolCall("toolu_1", FunctionCall("get_weather", '{"city": "Paris"}')),
-             ToolCall("toolu_2", FunctionCall("get_weather", ""))]
-    sent = body(request(
-        USER,
-        Message("assistant", "Checking.", tool_calls=calls),
-        Message("tool", "18C", tool_call_id="toolu_1"),
-        Message("tool", [TextPart("20C")], tool_call_id="toolu_2"),
-        Message("user", "Thanks"),
-    ))
-    assert sent["messages"][1] == {"role": "assistant", "content": [
-        {"type": "text", "text": "Checking."},
-        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-        {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
-    ]}
-    assert sent["messages"][2] == {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"},
-        {"type": "tool_result", "tool_use_id": "toolu_2",
-         "content": [{"type": "text", "text": "20C"}]},
-        {"type": "text", "text": "Thanks"},
-    ]}
+    calls = [
+        ToolCall("toolu_1", FunctionCall("get_weather", '{"city": "Paris"}')),
+        ToolCall("toolu_2", FunctionCall("get_weather", "")),
+    ]
+    sent = body(
+        request(
+            USER,
+            Message("assistant", "Checking.", tool_calls=calls),
+            Message("tool", "18C", tool_call_id="toolu_1"),
+            Message("tool", [TextPart("20C")], tool_call_id="toolu_2"),
+            Message("user", "Thanks"),
+        )
+    )
+    assert sent["messages"][1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Checking."},
+            {
+                "type": "tool_use",
+                "id": "toolu_1",
+                "name": "get_weather",
+                "input": {"city": "Paris"},
+            },
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
+        ],
+    }
+    assert sent["messages"][2] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"},
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_2",
+                "content": [{"type": "text", "text": "20C"}],
+            },
+            {"type": "text", "text": "Thanks"},
+        ],
+    }
     assert len(sent["messages"]) == 3
 
 
 def test_assistant_tool_call_only_message_has_no_empty_text_block() -> None:
     call = ToolCall("t1", FunctionCall("f", "{}"))
-    sent = body(request(USER, Message("assistant", "", tool_calls=[call]),
-                        Message("tool", "", tool_call_id="t1")))
-    assert sent["messages"][1]["content"] == [{"type": "tool_use", "id": "t1", "name": "f",
-                                               "input": {}}]
+    sent = body(
+        request(
+            USER,
+            Message("assistant", "", tool_calls=[call]),
+            Message("tool", "", tool_call_id="t1"),
+        )
+    )
+    assert sent["messages"][1]["content"] == [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    ]
     assert sent["messages"][2]["content"] == [{"type": "tool_result", "tool_use_id": "t1"}]
 
 
@@ -156,8 +195,18 @@ def test_max_tokens_default_and_client_limits() -> None:
 
 
 def test_sampling_options_pass_through() -> None:
-    sent = body(request(USER, stop="END", temperature=0.5, top_p=0.9, top_k=40, user="u-1",
-                        seed=3, presence_penalty=1.0))
+    sent = body(
+        request(
+            USER,
+            stop="END",
+            temperature=0.5,
+            top_p=0.9,
+            top_k=40,
+            user="u-1",
+            seed=3,
+            presence_penalty=1.0,
+        )
+    )
     assert sent["stop_sequences"] == ["END"]
     assert (sent["temperature"], sent["top_p"], sent["top_k"]) == (0.5, 0.9, 40)
     assert sent["metadata"] == {"user_id": "u-1"}
@@ -184,25 +233,37 @@ def test_tools_are_converted() -> None:
     bare = Tool(FunctionDef("ping"))
     sent = body(request(USER, tools=[WEATHER, bare]))
     assert sent["tools"] == [
-        {"name": "get_weather", "description": "Weather by city",
-         "input_schema": {"type": "object", "properties": {"city": {}}}},
+        {
+            "name": "get_weather",
+            "description": "Weather by city",
+            "input_schema": {"type": "object", "properties": {"city": {}}},
+        },
         {"name": "ping", "input_schema": {"type": "object", "properties": {}}},
     ]
     assert "tool_choice" not in sent
 
 
-@pytest.mark.parametrize(("choice", "parallel", "expected"), [
-    ("auto", None, None),
-    ("auto", False, {"type": "auto", "disable_parallel_tool_use": True}),
-    (None, False, {"type": "auto", "disable_parallel_tool_use": True}),
-    ("required", None, {"type": "any"}),
-    ("required", False, {"type": "any", "disable_parallel_tool_use": True}),
-    ("none", False, {"type": "none"}),
-    (NamedToolChoice(ToolChoiceFunction("get_weather")), None,
-     {"type": "tool", "name": "get_weather"}),
-    (NamedToolChoice(ToolChoiceFunction("get_weather")), False,
-     {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}),
-])
+@pytest.mark.parametrize(
+    ("choice", "parallel", "expected"),
+    [
+        ("auto", None, None),
+        ("auto", False, {"type": "auto", "disable_parallel_tool_use": True}),
+        (None, False, {"type": "auto", "disable_parallel_tool_use": True}),
+        ("required", None, {"type": "any"}),
+        ("required", False, {"type": "any", "disable_parallel_tool_use": True}),
+        ("none", False, {"type": "none"}),
+        (
+            NamedToolChoice(ToolChoiceFunction("get_weather")),
+            None,
+            {"type": "tool", "name": "get_weather"},
+        ),
+        (
+            NamedToolChoice(ToolChoiceFunction("get_weather")),
+            False,
+            {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        ),
+    ],
+)
 def test_tool_choice_mapping(choice: Any, parallel: bool | None, expected: Any) -> None:
     sent = body(request(USER, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel))
     assert sent.get("tool_choice") == expected
@@ -215,14 +276,18 @@ def test_named_tool_choice_must_name_a_tool() -> None:
 
 
 def test_images_become_base64_or_url_sources() -> None:
-    parts = [TextPart("What is this?"),
-             ImagePart(ImageURL("data:image/png;base64,iVBORw0KGgo=")),
-             ImagePart(ImageURL("https://example.test/cat.jpg", detail="high"))]
+    parts = [
+        TextPart("What is this?"),
+        ImagePart(ImageURL("data:image/png;base64,iVBORw0KGgo=")),
+        ImagePart(ImageURL("https://example.test/cat.jpg", detail="high")),
+    ]
     sent = body(request(Message("user", parts)))
     assert sent["messages"][0]["content"] == [
         {"type": "text", "text": "What is this?"},
-        {"type": "image",
-         "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+        },
         {"type": "image", "source": {"type": "url", "url": "https://example.test/cat.jpg"}},
     ]
 
@@ -245,10 +310,18 @@ JSON_SCHEMA = ResponseFormat("json_schema", JSONSchemaSpec("answer_schema", SCHE
 
 def test_json_schema_becomes_a_forced_tool() -> None:
     sent = body(request(USER, response_format=JSON_SCHEMA))
-    assert sent["tools"] == [{"name": "answer_schema", "input_schema": SCHEMA,
-                              "description": "Give the answer as this tool's input."}]
-    assert sent["tool_choice"] == {"type": "tool", "name": "answer_schema",
-                                   "disable_parallel_tool_use": True}
+    assert sent["tools"] == [
+        {
+            "name": "answer_schema",
+            "input_schema": SCHEMA,
+            "description": "Give the answer as this tool's input.",
+        }
+    ]
+    assert sent["tool_choice"] == {
+        "type": "tool",
+        "name": "answer_schema",
+        "disable_parallel_tool_use": True,
+    }
     assert convert.json_tool_name(request(USER, response_format=JSON_SCHEMA)) == "answer_schema"
     assert convert.json_tool_name(request(USER)) is None
 
@@ -263,8 +336,10 @@ def test_json_object_adds_a_system_instruction() -> None:
     fmt = ResponseFormat("json_object")
     assert body(request(USER, response_format=fmt))["system"] == JSON_OBJECT_INSTRUCTION
     sent = body(request(Message("system", "Be brief."), USER, response_format=fmt))
-    assert sent["system"] == [{"type": "text", "text": "Be brief."},
-                              {"type": "text", "text": JSON_OBJECT_INSTRUCTION}]
+    assert sent["system"] == [
+        {"type": "text", "text": "Be brief."},
+        {"type": "text", "text": JSON_OBJECT_INSTRUCTION},
+    ]
     assert "tools" not in sent
 
 
@@ -275,25 +350,38 @@ ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool"])
 def test_merged_turns_alternate_and_keep_every_text_in_order(
     items: list[tuple[str, str]],
 ) -> None:
-    messages = [Message(role, text, tool_call_id="t" if role == "tool" else None)  # type: ignore[arg-type]
-                for role, text in items]
+    messages = [
+        Message(role, text, tool_call_id="t" if role == "tool" else None)  # type: ignore[arg-type]
+        for role, text in items
+    ]
     if all(role in ("system", "developer") for role, _ in items):
         return
     system, turns = convert.convert_messages(messages)
     assert system == [text for role, text in items if role in ("system", "developer")]
     roles = [turn.role for turn in turns]
     assert all(a != b for a, b in itertools.pairwise(roles))
-    seen = [block.text if isinstance(block, wire.TextBlock) else block.content
-            for turn in turns for block in turn.content]
+    seen = [
+        block.text if isinstance(block, wire.TextBlock) else block.content
+        for turn in turns
+        for block in turn.content
+    ]
     assert seen == [text for role, text in items if role not in ("system", "developer")]
 
 
 # ---------------------------------------------------------------- responses
-def message(content: list[dict[str, Any]], stop: str | None = "end_turn",
-            **usage: int) -> wire.MessagesResponse:
-    raw = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x-2025",
-           "content": content, "stop_reason": stop, "stop_sequence": None,
-           "usage": {"input_tokens": 11, "output_tokens": 5, **usage}}
+def message(
+    content: list[dict[str, Any]], stop: str | None = "end_turn", **usage: int
+) -> wire.MessagesResponse:
+    raw = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-x-2025",
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 11, "output_tokens": 5, **usage},
+    }
     return wire.response_decoder.decode(json.dumps(raw))
 
 
@@ -308,23 +396,40 @@ def test_text_response() -> None:
     msg = message([{"type": "text", "text": "Hello"}, {"type": "text", "text": "!"}])
     out = convert.to_chat_response(msg, created=123, json_tool=None, provider="claude")
     wire = msgspec.json.decode(msgspec.json.encode(out))
-    assert (out.id, out.model, out.created, wire["object"]) == ("msg_1", "claude-x-2025", 123,
-                                                                "chat.completion")
+    assert (out.id, out.model, out.created, wire["object"]) == (
+        "msg_1",
+        "claude-x-2025",
+        123,
+        "chat.completion",
+    )
     assert wire["choices"][0]["message"]["role"] == "assistant"
     assert len(out.choices) == 1
     choice = out.choices[0]
     assert (choice.index, choice.finish_reason) == (0, "stop")
     assert choice.message.content == "Hello!"
     assert choice.message.tool_calls is None
-    assert msgspec.to_builtins(out.usage) == {"prompt_tokens": 11, "completion_tokens": 5,
-                                              "total_tokens": 16}
+    assert msgspec.to_builtins(out.usage) == {
+        "prompt_tokens": 11,
+        "completion_tokens": 5,
+        "total_tokens": 16,
+    }
 
 
 def test_tool_use_response_and_skipped_block_kinds() -> None:
-    out = respond(message([
-        {"type": "thinking", "thinking": "hmm", "signature": "s"},
-        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-    ], stop="tool_use"))
+    out = respond(
+        message(
+            [
+                {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+            ],
+            stop="tool_use",
+        )
+    )
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"].get("content") is None
@@ -338,26 +443,49 @@ def test_tool_use_without_id_is_malformed() -> None:
         respond(message([{"type": "tool_use", "name": "f", "input": {}}]))
 
 
-@pytest.mark.parametrize(("stop", "finish"), [
-    ("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length"),
-    ("tool_use", "tool_calls"), ("refusal", "content_filter"), (None, "stop"),
-])
+@pytest.mark.parametrize(
+    ("stop", "finish"),
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("max_tokens", "length"),
+        ("tool_use", "tool_calls"),
+        ("refusal", "content_filter"),
+        (None, "stop"),
+    ],
+)
 def test_stop_reason_mapping(stop: str | None, finish: str) -> None:
-    assert respond(message([{"type": "text", "text": "x"}], stop))["choices"][0][
-        "finish_reason"] == finish
+    assert (
+        respond(message([{"type": "text", "text": "x"}], stop))["choices"][0]["finish_reason"]
+        == finish
+    )
 
 
 def test_cache_usage_counts_into_prompt_tokens() -> None:
-    out = respond(message([{"type": "text", "text": "x"}], input_tokens=2,
-                          cache_read_input_tokens=7, cache_creation_input_tokens=2))
-    assert out["usage"] == {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16,
-                            "prompt_tokens_details": {"cached_tokens": 7,
-                                                      "cache_creation_tokens": 2}}
+    out = respond(
+        message(
+            [{"type": "text", "text": "x"}],
+            input_tokens=2,
+            cache_read_input_tokens=7,
+            cache_creation_input_tokens=2,
+        )
+    )
+    assert out["usage"] == {
+        "prompt_tokens": 11,
+        "completion_tokens": 5,
+        "total_tokens": 16,
+        "prompt_tokens_details": {"cached_tokens": 7, "cache_creation_tokens": 2},
+    }
 
 
 def test_json_schema_tool_use_comes_back_as_text() -> None:
-    out = respond(message([{"type": "tool_use", "id": "t", "name": "answer_schema",
-                            "input": {"answer": 42}}], stop="tool_use"), "answer_schema")
+    out = respond(
+        message(
+            [{"type": "tool_use", "id": "t", "name": "answer_schema", "input": {"answer": 42}}],
+            stop="tool_use",
+        ),
+        "answer_schema",
+    )
     choice = out["choices"][0]
     assert choice["finish_reason"] == "stop"
     assert json.loads(choice["message"]["content"]) == {"answer": 42}

@@ -23,8 +23,14 @@ from policies.store.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = BreakerConfig(failure_rate=0.5, window_s=10.0, min_calls=4, consecutive_failures=3,
-                       cooldown_s=5.0, half_open_probes=2)
+CONFIG = BreakerConfig(
+    failure_rate=0.5,
+    window_s=10.0,
+    min_calls=4,
+    consecutive_failures=3,
+    cooldown_s=5.0,
+    half_open_probes=2,
+)
 
 
 def machine(config=CONFIG):
@@ -32,8 +38,14 @@ def machine(config=CONFIG):
 
 
 def test_classify_counts_only_what_says_something_about_the_target():
-    for error in ("UpstreamTimeoutError", "UpstreamConnectError", "UpstreamServerError",
-                  "UpstreamMalformedError", "UpstreamRateLimitedError", "UpstreamAuthError"):
+    for error in (
+        "UpstreamTimeoutError",
+        "UpstreamConnectError",
+        "UpstreamServerError",
+        "UpstreamMalformedError",
+        "UpstreamRateLimitedError",
+        "UpstreamAuthError",
+    ):
         assert classify(error) == "failure"
     assert classify(None) == "success"
     assert classify("UpstreamBadRequestError") == "success"  # the request was wrong
@@ -143,9 +155,14 @@ ops = st.lists(
 def test_breaker_invariants(sequence, probes, consecutive):
     """Probes out never exceed the limit; it opens only on a failure; every open lasts at
     least the cool-down before it admits anything."""
-    config = BreakerConfig(failure_rate=0.5, window_s=10, min_calls=3,
-                           consecutive_failures=consecutive, cooldown_s=2.0,
-                           half_open_probes=probes)
+    config = BreakerConfig(
+        failure_rate=0.5,
+        window_s=10,
+        min_calls=3,
+        consecutive_failures=consecutive,
+        cooldown_s=2.0,
+        half_open_probes=probes,
+    )
     m = machine(config)
     now = 0.0
     for op, step in sequence:

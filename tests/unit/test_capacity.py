@@ -58,8 +58,9 @@ def page(
     }
     text = IDLE
     for name, value in values.items():
-        text = re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {float(value)}",
-                      text, flags=re.M)
+        text = re.sub(
+            rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {float(value)}", text, flags=re.M
+        )
     return text
 
 
@@ -79,8 +80,13 @@ class MetricsServer:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         body = self.text.encode()
-        await send({"type": "http.response.start", "status": self.status,
-                    "headers": [(b"content-type", b"text/plain; version=0.0.4")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": [(b"content-type", b"text/plain; version=0.0.4")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -229,8 +235,9 @@ async def test_burst_between_polls_fills_the_batch_on_paper(
 
 
 async def test_in_flight_limit(metrics: MetricsServer, served: Any, client: Any) -> None:
-    monitor = monitor_for(served[1], client, FakeClock(),
-                          saturation=SaturationConfig(max_in_flight=2))
+    monitor = monitor_for(
+        served[1], client, FakeClock(), saturation=SaturationConfig(max_in_flight=2)
+    )
     await monitor.poll_once()
     monitor.sent("w")
     assert monitor.can_take("w")
@@ -271,8 +278,9 @@ async def test_ttft_from_histogram_deltas_and_the_objective(
     monitor.observe_ttft("w", 1.0)  # the gateway's own measurement blends in
     assert monitor.predicted_ttft("w") == pytest.approx(1.5)
     # Behind a queue of two (max_waiting=2 so it is not saturated) it is three TTFTs.
-    relaxed = monitor_for(served[1], client, FakeClock(),
-                          saturation=SaturationConfig(max_waiting=2))
+    relaxed = monitor_for(
+        served[1], client, FakeClock(), saturation=SaturationConfig(max_waiting=2)
+    )
     metrics.text = page(ttft=(10.0, 10.0), running=4, waiting=2)
     await relaxed.poll_once()
     relaxed.observe_ttft("w", 0.5)
@@ -362,9 +370,14 @@ async def test_background_loop_polls_each_interval(
             await asyncio.Event().wait()  # park here until cancelled
         await asyncio.sleep(0)
 
-    monitor = monitor_for(served[1], client, clock, sleep=fake_sleep,
-                          saturation=SaturationConfig(poll_interval_s=0.05),
-                          on_poll=lambda: polled.append(clock.now()))
+    monitor = monitor_for(
+        served[1],
+        client,
+        clock,
+        sleep=fake_sleep,
+        saturation=SaturationConfig(poll_interval_s=0.05),
+        on_poll=lambda: polled.append(clock.now()),
+    )
     await monitor.start()
     await monitor.start()  # idempotent: still one task
     await asyncio.wait_for(rounds.wait(), timeout=10)

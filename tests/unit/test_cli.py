@@ -18,8 +18,10 @@ def test_version(capsys):
 def test_check_config_ok_and_reports_skipped_providers(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SOME_KEY_FOR_TEST", raising=False)
     path = tmp_path / "c.yaml"
-    path.write_text("providers:\n  oa: {type: openai, api_key_env: SOME_KEY_FOR_TEST}\n"
-                    "models:\n  m: {targets: [{provider: oa, model: x}]}\n")
+    path.write_text(
+        "providers:\n  oa: {type: openai, api_key_env: SOME_KEY_FOR_TEST}\n"
+        "models:\n  m: {targets: [{provider: oa, model: x}]}\n"
+    )
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "OK (1 providers, 1 models)" in out
@@ -28,8 +30,10 @@ def test_check_config_ok_and_reports_skipped_providers(tmp_path, capsys, monkeyp
 
 def test_check_config_lists_every_error_and_exits_1(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
-    path.write_text("providers:\n  a: {type: openai, timeout_s: -1}\n"
-                    "models:\n  m: {targets: [{provider: zz, model: x}]}\n")
+    path.write_text(
+        "providers:\n  a: {type: openai, timeout_s: -1}\n"
+        "models:\n  m: {targets: [{provider: zz, model: x}]}\n"
+    )
     assert main(["check-config", str(path)]) == 1
     err = capsys.readouterr().err
     assert f"{path}: providers.a.timeout_s:" in err
@@ -78,8 +82,10 @@ models:
 def test_route_explain_prints_the_ordered_plan_with_reasons(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(ROUTE_POLICY)
-    assert main(["route", "explain", "--config", str(path), "--model", "m",
-                 "--prompt-tokens", "2000"]) == 0
+    assert (
+        main(["route", "explain", "--config", str(path), "--model", "m", "--prompt-tokens", "2000"])
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "model m (strategy LowestCostStrategy):"
     assert lines[1].startswith("  1. cheap/small: lowest_cost")
@@ -90,19 +96,50 @@ def test_route_explain_prints_the_ordered_plan_with_reasons(tmp_path, capsys):
 def test_route_explain_applies_the_tenants_residency(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(ROUTE_POLICY)
-    assert main(["route", "explain", "--config", str(path), "--model", "m",
-                 "--tenant", "clinic", "--prompt-tokens", "10"]) == 0
+    assert (
+        main(
+            [
+                "route",
+                "explain",
+                "--config",
+                str(path),
+                "--model",
+                "m",
+                "--tenant",
+                "clinic",
+                "--prompt-tokens",
+                "10",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "  1. onprem/local:" in out
     assert "cheap/small: skipped (not local (data residency))" in out
-    assert main(["route", "explain", "--config", str(path), "--model", "m",
-                 "--tenant", "nobody"]) == 1
+    assert (
+        main(["route", "explain", "--config", str(path), "--model", "m", "--tenant", "nobody"]) == 1
+    )
 
 
 def test_route_explain_applies_the_tenants_provider_lists(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(ROUTE_POLICY)
-    assert main(["route", "explain", "--config", str(path), "--model", "m",
-                 "--tenant", "frugal", "--prompt-tokens", "10"]) == 0
+    assert (
+        main(
+            [
+                "route",
+                "explain",
+                "--config",
+                str(path),
+                "--model",
+                "m",
+                "--tenant",
+                "frugal",
+                "--prompt-tokens",
+                "10",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "premium/big: skipped (provider not allowed for this tenant)" in out

@@ -63,8 +63,12 @@ extra: 1
     assert "extra: unknown section" in errors
     prefixes = [e.split(":")[0] for e in errors]
     assert set(prefixes) >= {
-        "providers.oa.timeout_s", "providers.x.type", "providers.an", "models.n.targets",
-        "server.max_body_bytes", "models.m.targets[0].provider",
+        "providers.oa.timeout_s",
+        "providers.x.type",
+        "providers.an",
+        "models.n.targets",
+        "server.max_body_bytes",
+        "models.m.targets[0].provider",
     }
     assert any("unknown provider 'zz'" in e for e in errors)
     assert any("bogus" in e for e in errors)

@@ -72,15 +72,17 @@ class Sleeps(list):
 
 
 def executor(sleeps, attempts=2, max_retry_after=2.0):
-    config = RoutingConfig(max_attempts_per_target=attempts, retry_backoff_s=0.1,
-                           max_retry_after_s=max_retry_after)
+    config = RoutingConfig(
+        max_attempts_per_target=attempts, retry_backoff_s=0.1, max_retry_after_s=max_retry_after
+    )
     return Executor(config, sleep=sleeps, jitter=lambda: 0.5)
 
 
 async def run(ex, providers):
     trace = Trace()
-    result = await ex.call("alias", [target(p) for p in providers],
-                           lambda t: t.provider.chat(None, None), trace)
+    result = await ex.call(
+        "alias", [target(p) for p in providers], lambda t: t.provider.chat(None, None), trace
+    )
     return result, trace
 
 
@@ -128,7 +130,10 @@ async def test_all_failures_are_collected():
 
 
 def test_aggregate_status_follows_the_failures():
-    limited = [UpstreamRateLimitedError("x", retry_after=9), UpstreamRateLimitedError("y", retry_after=4)]
+    limited = [
+        UpstreamRateLimitedError("x", retry_after=9),
+        UpstreamRateLimitedError("y", retry_after=4),
+    ]
     error = AllTargetsFailedError("m", limited)
     assert (error.status, error.retry_after) == (429, 4)
     assert AllTargetsFailedError("m", [UpstreamTimeoutError("t")]).status == 504
@@ -146,7 +151,8 @@ async def test_stream_falls_back_until_the_first_chunk():
     b = Scripted("b", ["first"])
     trace = Trace()
     first, rest = await executor(Sleeps()).open_stream(
-        "alias", [target(a), target(b)], lambda t: t.provider.stream_chat(None, None), trace)
+        "alias", [target(a), target(b)], lambda t: t.provider.stream_chat(None, None), trace
+    )
     assert first == "b:first"
     assert [item async for item in rest] == ["rest"]
     assert trace.served_by.provider_name == "b"
@@ -156,6 +162,7 @@ async def test_stream_first_chunk_deadline():
     class Stalls(Scripted):
         async def stream_chat(self, req, ctx):
             import asyncio
+
             await asyncio.sleep(10)
             yield "never"
 
@@ -163,7 +170,8 @@ async def test_stream_first_chunk_deadline():
     trace = Trace()
     plan = [target(stalled, first_token=0.05), target(b)]
     first, _ = await executor(Sleeps()).open_stream(
-        "alias", plan, lambda t: t.provider.stream_chat(None, None), trace)
+        "alias", plan, lambda t: t.provider.stream_chat(None, None), trace
+    )
     assert first == "b:first"
     assert trace.attempts[0].error == "UpstreamTimeoutError"
 
@@ -176,7 +184,8 @@ async def test_empty_stream_is_malformed():
 
     with pytest.raises(AllTargetsFailedError) as info:
         await executor(Sleeps()).open_stream(
-            "alias", [target(Empty("a", []))], lambda t: t.provider.stream_chat(None, None), Trace())
+            "alias", [target(Empty("a", []))], lambda t: t.provider.stream_chat(None, None), Trace()
+        )
     assert isinstance(info.value.failures[0], UpstreamMalformedError)
 
 
@@ -185,9 +194,14 @@ def test_fallback_stops_at_first_success_or_client_error(outcomes):
     """Property: targets after the serving one (or after a 400) are never called."""
     import anyio
 
-    errors = {"5xx": UpstreamServerError("x"), "conn": UpstreamConnectError("x"),
-              "400": UpstreamBadRequestError("x")}
-    providers = [Scripted(str(i), [errors.get(o, o), errors.get(o, o)]) for i, o in enumerate(outcomes)]
+    errors = {
+        "5xx": UpstreamServerError("x"),
+        "conn": UpstreamConnectError("x"),
+        "400": UpstreamBadRequestError("x"),
+    }
+    providers = [
+        Scripted(str(i), [errors.get(o, o), errors.get(o, o)]) for i, o in enumerate(outcomes)
+    ]
 
     async def scenario():
         try:
@@ -197,11 +211,12 @@ def test_fallback_stops_at_first_success_or_client_error(outcomes):
 
     result = anyio.run(scenario)
     stop = next((i for i, o in enumerate(outcomes) if o in ("ok", "400")), len(outcomes) - 1)
-    assert all(p.calls == 0 for p in providers[stop + 1:])
+    assert all(p.calls == 0 for p in providers[stop + 1 :])
     assert (result == f"{stop}:ok") == (outcomes[stop] == "ok")
 
 
 # --- observer, gate, retry budget, idle timeout, route reasons -----------------------------
+
 
 class Recorder:
     """An AttemptObserver that writes down what it is told."""
@@ -240,10 +255,15 @@ class Gate:
 
 
 def wired(sleeps=None, attempts=2, **kwargs):
-    config = RoutingConfig(max_attempts_per_target=attempts, retry_backoff_s=0.1,
-                           **kwargs.pop("routing", {}))
-    return Executor(config, sleep=sleeps if sleeps is not None else Sleeps(),
-                    jitter=kwargs.pop("jitter", lambda: 0.5), **kwargs)
+    config = RoutingConfig(
+        max_attempts_per_target=attempts, retry_backoff_s=0.1, **kwargs.pop("routing", {})
+    )
+    return Executor(
+        config,
+        sleep=sleeps if sleeps is not None else Sleeps(),
+        jitter=kwargs.pop("jitter", lambda: 0.5),
+        **kwargs,
+    )
 
 
 async def test_observer_hears_every_attempt_with_its_outcome_and_time():
@@ -253,9 +273,12 @@ async def test_observer_hears_every_attempt_with_its_outcome_and_time():
     result, _ = await run(wired(observer=seen, clock=clock), [a, b])
     assert result == "b:ok"
     assert seen.events == [
-        ("start", "a/m"), ("end", "a/m", "UpstreamConnectError", None, True),
-        ("start", "a/m"), ("end", "a/m", "UpstreamServerError", None, False),
-        ("start", "b/m"), ("end", "b/m", None, 0.25, False),
+        ("start", "a/m"),
+        ("end", "a/m", "UpstreamConnectError", None, True),
+        ("start", "a/m"),
+        ("end", "a/m", "UpstreamServerError", None, False),
+        ("start", "b/m"),
+        ("end", "b/m", None, 0.25, False),
     ]
 
 
@@ -280,9 +303,12 @@ async def test_gate_skips_targets_with_its_reason():
     result, trace = await run(wired(gate=gate), [a, b, c])
     assert result == "c:ok" and a.calls == b.calls == 0
     assert [(s.label, s.reason) for s in trace.skipped] == [
-        ("a/m", "circuit open"), ("b/m", "probe limit")]
+        ("a/m", "circuit open"),
+        ("b/m", "probe limit"),
+    ]
     assert trace.route_reason() == (
-        "priority: first available target; skipped a/m (circuit open), b/m (probe limit)")
+        "priority: first available target; skipped a/m (circuit open), b/m (probe limit)"
+    )
 
 
 async def test_every_target_refused_by_the_gate_is_503():
@@ -340,10 +366,18 @@ async def test_stalled_stream_ends_with_an_idle_timeout_and_closes_upstream():
                 closed.append(True)
 
     provider = Stalls("a", [])
-    plan = [Target(alias="alias", provider_name="a", model="m", provider=provider,
-                   timeouts=Timeouts(first_token=5.0, idle=0.05))]
+    plan = [
+        Target(
+            alias="alias",
+            provider_name="a",
+            model="m",
+            provider=provider,
+            timeouts=Timeouts(first_token=5.0, idle=0.05),
+        )
+    ]
     first, rest = await wired().open_stream(
-        "alias", plan, lambda t: t.provider.stream_chat(None, None), Trace())
+        "alias", plan, lambda t: t.provider.stream_chat(None, None), Trace()
+    )
     assert first == "first"
     assert await anext(rest) == "second"
     with pytest.raises(UpstreamTimeoutError, match=r"sent nothing for 0\.05s"):
@@ -363,13 +397,15 @@ async def test_closing_a_stream_early_closes_the_upstream():
                 closed.append(True)
 
     first, rest = await wired().open_stream(
-        "alias", [target(Endless("a", []))], lambda t: t.provider.stream_chat(None, None), Trace())
+        "alias", [target(Endless("a", []))], lambda t: t.provider.stream_chat(None, None), Trace()
+    )
     assert first == "chunk" and await anext(rest) == "chunk"
     await close_stream(rest)
     assert closed == [True]
     # closed before the rest was ever read: the upstream is released all the same
     first, rest = await wired().open_stream(
-        "alias", [target(Endless("a", []))], lambda t: t.provider.stream_chat(None, None), Trace())
+        "alias", [target(Endless("a", []))], lambda t: t.provider.stream_chat(None, None), Trace()
+    )
     await close_stream(rest)
     assert closed == [True, True]
 
@@ -383,27 +419,39 @@ async def test_route_reason_shows_the_strategy_reason_fallbacks_and_skips():
         reasons={"a/m": "lowest_cost: cheapest ($0.0001 est.)", "b/m": "lowest_cost: $0.0002 est."},
     )
     trace = Trace.from_plan(plan, [Skipped("x/y", "environment variable K is not set")])
-    result = await wired(attempts=1).call("alias", plan.ordered,
-                                          lambda t: t.provider.chat(None, None), trace)
+    result = await wired(attempts=1).call(
+        "alias", plan.ordered, lambda t: t.provider.chat(None, None), trace
+    )
     assert result == "b:ok"
     assert trace.route_reason() == (
         "lowest_cost: $0.0002 est.; fallback after a/m failed; "
-        "skipped x/y (environment variable K is not set), local/smollm2 (saturated)")
+        "skipped x/y (environment variable K is not set), local/smollm2 (saturated)"
+    )
 
 
 async def test_per_call_observer_and_gate_replace_the_executors_own():
     default, per_call = Recorder(), Recorder()
     ex = wired(observer=default, gate=Gate({"a/m": [False]}), clock=FakeClock())
     trace = Trace()
-    result = await ex.call("alias", [target(Scripted("a", ["ok"]))],
-                           lambda t: t.provider.chat(None, None), trace,
-                           observer=per_call, gate=Gate({}))
+    result = await ex.call(
+        "alias",
+        [target(Scripted("a", ["ok"]))],
+        lambda t: t.provider.chat(None, None),
+        trace,
+        observer=per_call,
+        gate=Gate({}),
+    )
     assert result == "a:ok" and default.events == []
     assert per_call.events == [("start", "a/m"), ("end", "a/m", None, 0.0, False)]
-    first, _ = await ex.open_stream("alias", [target(Scripted("b", ["x"]))],
-                                    lambda t: t.provider.stream_chat(None, None), Trace(),
-                                    observer=per_call)
+    first, _ = await ex.open_stream(
+        "alias",
+        [target(Scripted("b", ["x"]))],
+        lambda t: t.provider.stream_chat(None, None),
+        Trace(),
+        observer=per_call,
+    )
     assert first == "b:x" and per_call.events[-1] == ("end", "b/m", None, 0.0, False)
     with pytest.raises(NoTargetAvailableError):  # the executor's own gate when none is given
-        await ex.call("alias", [target(Scripted("a", ["ok"]))],
-                      lambda t: t.provider.chat(None, None), Trace())
+        await ex.call(
+            "alias", [target(Scripted("a", ["ok"]))], lambda t: t.provider.chat(None, None), Trace()
+        )

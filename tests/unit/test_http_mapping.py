@@ -25,10 +25,19 @@ def read(body: bytes) -> tuple[str, str | None]:
 
 @pytest.mark.parametrize(
     ("status", "kind"),
-    [(400, UpstreamBadRequestError), (413, UpstreamBadRequestError), (422, UpstreamBadRequestError),
-     (401, UpstreamAuthError), (403, UpstreamAuthError), (408, UpstreamTimeoutError),
-     (429, UpstreamRateLimitedError), (404, UpstreamServerError), (500, UpstreamServerError),
-     (503, UpstreamServerError), (529, UpstreamServerError)],
+    [
+        (400, UpstreamBadRequestError),
+        (413, UpstreamBadRequestError),
+        (422, UpstreamBadRequestError),
+        (401, UpstreamAuthError),
+        (403, UpstreamAuthError),
+        (408, UpstreamTimeoutError),
+        (429, UpstreamRateLimitedError),
+        (404, UpstreamServerError),
+        (500, UpstreamServerError),
+        (503, UpstreamServerError),
+        (529, UpstreamServerError),
+    ],
 )
 def test_status_mapping(status, kind):
     response = httpx.Response(status, headers={"retry-after": "3"})

@@ -50,7 +50,12 @@ async def test_ready_only_after_start_and_closed_by_aclose():
     await provider.start()
     assert provider.is_ready() and engine.started
     caps = provider.capabilities
-    assert (caps.max_context, caps.tools, caps.vision, caps.json_schema) == (256, False, False, False)
+    assert (caps.max_context, caps.tools, caps.vision, caps.json_schema) == (
+        256,
+        False,
+        False,
+        False,
+    )
     assert caps.completions and caps.streaming
     await provider.aclose()
     assert engine.stopped and not provider.is_ready()
@@ -63,7 +68,9 @@ async def test_chat_and_stream():
     result = await provider.chat(chat(), CTX)
     assert result.response.choices[0].message.content == "Fine."
     assert result.response.usage is not None and result.response.usage.completion_tokens == 5
-    parts = [p async for p in provider.stream_chat(chat(stream_options={"include_usage": True}), CTX)]
+    parts = [
+        p async for p in provider.stream_chat(chat(stream_options={"include_usage": True}), CTX)
+    ]
     deltas = [p.chunk.choices[0].delta.content for p in parts if p.chunk.choices]
     assert deltas[0] == "" and "".join(d or "" for d in deltas) == "Fine."
     assert parts[-1].chunk.choices == [] and parts[-1].chunk.usage is not None
@@ -121,8 +128,15 @@ async def test_legacy_completions():
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "abcd"
     assert result.usage is not None and result.usage.completion_tokens == 4
     streamed = msgspec.convert(
-        {"model": "m", "prompt": "x", "max_tokens": 3, "stream": True,
-         "stream_options": {"include_usage": True}}, CompletionRequest)
+        {
+            "model": "m",
+            "prompt": "x",
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        CompletionRequest,
+    )
     parts = [p async for p in provider.stream_complete(streamed, CTX)]
     texts = [c["text"] for p in parts for c in json.loads(p.data)["choices"]]
     assert "".join(texts) == "abc"

@@ -95,8 +95,11 @@ def test_chat_answers_with_openai_shape(w: Harness):
 
 def test_chat_stream_sequence_with_usage(w: Harness):
     stream = w.client.chat.completions.create(
-        model=MODEL, messages=user("stream"), stream=True,
-        stream_options={"include_usage": True}, stop=[","],
+        model=MODEL,
+        messages=user("stream"),
+        stream=True,
+        stream_options={"include_usage": True},
+        stop=[","],
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -113,10 +116,15 @@ def test_completions_plain_and_streamed(w: Harness):
     assert done.choices[0].text == "Hel"
     assert done.choices[0].finish_reason == "length"
     assert done.usage is not None and done.usage.prompt_tokens == 3
-    parts = list(w.client.completions.create(
-        model=MODEL, prompt=[1, 2, 3], max_tokens=4, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    parts = list(
+        w.client.completions.create(
+            model=MODEL,
+            prompt=[1, 2, 3],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(p.choices[0].text for p in parts if p.choices) == "Hell"
     assert parts[-1].usage is not None and parts[-1].usage.total_tokens == 7
 
@@ -185,17 +193,28 @@ def test_metrics_use_vllm_names_and_move(w: Harness):
         w.client.chat.completions.create(model=MODEL, messages=user(prefix), max_tokens=2)
     after = w.get("/metrics").text
     labelled = '{engine="0",model_name="fake-model"}'
-    for name in ("prompt_tokens_total", "generation_tokens_total", "prefix_cache_hits_total",
-                 "prefix_cache_queries_total", "e2e_request_latency_seconds_count",
-                 "time_to_first_token_seconds_count", "inter_token_latency_seconds_count"):
+    for name in (
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "prefix_cache_hits_total",
+        "prefix_cache_queries_total",
+        "e2e_request_latency_seconds_count",
+        "time_to_first_token_seconds_count",
+        "inter_token_latency_seconds_count",
+    ):
         full = f"vllm:{name}{labelled}"
         assert metric(after, full) > metric(before, full), name
     assert metric(after, f"vllm:num_requests_running{labelled}") == 0
     assert metric(after, f"vllm:kv_cache_usage_perc{labelled}") == 0
-    assert ('vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",'
-            'num_gpu_blocks="64"} 1.0') in after
-    success = [line for line in after.splitlines()
-               if line.startswith("vllm:request_success_total{") and '"length"' in line]
+    assert (
+        'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",'
+        'num_gpu_blocks="64"} 1.0'
+    ) in after
+    success = [
+        line
+        for line in after.splitlines()
+        if line.startswith("vllm:request_success_total{") and '"length"' in line
+    ]
     assert len(success) == 1 and float(success[0].rsplit(" ", 1)[1]) >= 2
 
 
@@ -230,9 +249,7 @@ def test_client_disconnects_abort_the_sequence():
             assert next(lines).startswith("data: ")
         wait_for(lambda: len(engine.aborted) == 1)
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(
-                h.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=0.3
-            )
+            httpx.post(h.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=0.3)
         wait_for(lambda: len(engine.aborted) == 2)
         reply = h.client.chat.completions.create(model=MODEL, messages=user(), max_tokens=2)
         assert reply.choices[0].message.content == "zz"

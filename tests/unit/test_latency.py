@@ -140,11 +140,13 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
     assert stats.ttft_model("a") is None
     assert stats.health("a") == TargetHealth(ttft_s=0.9)
     stats.attempt_finished("a", error=None, ttft_s=0.4, retryable=False, prompt_tokens=300)
-    stats.attempt_finished("a", error="UpstreamServerError", ttft_s=9.0, retryable=True,
-                           prompt_tokens=300)
+    stats.attempt_finished(
+        "a", error="UpstreamServerError", ttft_s=9.0, retryable=True, prompt_tokens=300
+    )
     stats.observe_tokens("a", 10, 0.2)
-    assert stats.health("a") == TargetHealth(ttft_s=0.4, tpot_s=0.02, ttft_base_s=0.4,
-                                             ttft_per_token_s=0.0, ttft_spread=None)
+    assert stats.health("a") == TargetHealth(
+        ttft_s=0.4, tpot_s=0.02, ttft_base_s=0.4, ttft_per_token_s=0.0, ttft_spread=None
+    )
 
 
 def test_ttft_model_is_forgotten_after_the_default_max_age():
@@ -178,8 +180,11 @@ def test_samples_on_a_line_are_fitted_to_that_line(line, xs):
         assert model.predict(x) == pytest.approx(base + slope * x, rel=1e-6)
 
 
-@given(st.lists(st.tuples(st.integers(0, 100_000), st.floats(0, 60)), min_size=1, max_size=40),
-       st.floats(0.01, 1), st.floats(0, 5000))
+@given(
+    st.lists(st.tuples(st.integers(0, 100_000), st.floats(0, 60)), min_size=1, max_size=40),
+    st.floats(0.01, 1),
+    st.floats(0, 5000),
+)
 def test_ttft_model_is_never_negative(samples, alpha, prior):
     stats = LatencyStats(FakeClock(), alpha=alpha, prior_tokens=prior)
     for tokens, seconds in samples:

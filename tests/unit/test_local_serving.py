@@ -66,17 +66,27 @@ def test_unsupported_features_are_rejected_with_param(fields: dict[str, object],
 def test_supported_features_pass():
     tools = [{"type": "function", "function": {"name": "f"}}]
     serving.check_chat_features(
-        chat(n=1, tools=tools, tool_choice="none", response_format={"type": "text"},
-             presence_penalty=0)
+        chat(
+            n=1,
+            tools=tools,
+            tool_choice="none",
+            response_format={"type": "text"},
+            presence_penalty=0,
+        )
     )
 
 
 def test_template_messages_keep_text_and_rename_developer():
-    req = chat(messages=[
-        {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant", "content": None},
-    ])
+    req = chat(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "assistant", "content": None},
+        ]
+    )
     assert serving.template_messages(req.messages) == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "ab"},
@@ -189,12 +199,18 @@ async def test_chat_response_joins_text_and_reports_usage():
     response = serving.chat_response(META, answer)
     body = json.loads(encoder.encode(response))
     assert body["object"] == "chat.completion"
-    assert body["choices"] == [{
-        "index": 0, "message": {"content": "Hello", "role": "assistant"},
-        "finish_reason": "length", "logprobs": None,
-    }]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"content": "Hello", "role": "assistant"},
+            "finish_reason": "length",
+            "logprobs": None,
+        }
+    ]
     assert body["usage"] == {
-        "prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+        "total_tokens": 10,
         "prompt_tokens_details": {"cached_tokens": 4},
     }
 
@@ -209,8 +225,9 @@ async def test_aborted_or_unfinished_answers_are_server_errors():
 
 async def chunk_bodies(include_usage: bool) -> list[dict[str, object]]:
     items = outputs(out("Hi"), out(""), out("!", "stop", 2))
-    return [json.loads(encoder.encode(c))
-            async for c in serving.chat_chunks(items, META, include_usage)]
+    return [
+        json.loads(encoder.encode(c)) async for c in serving.chat_chunks(items, META, include_usage)
+    ]
 
 
 @pytest.mark.anyio
@@ -218,15 +235,20 @@ async def test_chat_chunks_follow_openais_sequence():
     bodies = await chunk_bodies(include_usage=True)
     choices = [b["choices"] for b in bodies]
     assert choices == [
-        [{"index": 0, "delta": {"role": "assistant", "content": ""},
-          "finish_reason": None, "logprobs": None}],
+        [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+        ],
         [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None, "logprobs": None}],
         [{"index": 0, "delta": {"content": "!"}, "finish_reason": None, "logprobs": None}],
         [{"index": 0, "delta": {}, "finish_reason": "stop", "logprobs": None}],
         [],
     ]
-    assert all(b["id"] == "chatcmpl-1" and b["object"] == "chat.completion.chunk"
-               for b in bodies)
+    assert all(b["id"] == "chatcmpl-1" and b["object"] == "chat.completion.chunk" for b in bodies)
     assert "usage" not in bodies[3]
     assert bodies[4]["usage"]["total_tokens"] == 9
 
@@ -267,8 +289,12 @@ async def test_completion_body_and_stream():
         {"index": 0, "text": "abc", "logprobs": None, "finish_reason": "stop"}
     ]
     assert usage.total_tokens == 9
-    parts = [p async for p in serving.completion_stream(
-        outputs(out("ab"), out(""), out("c", "stop", 2)), META, True)]
+    parts = [
+        p
+        async for p in serving.completion_stream(
+            outputs(out("ab"), out(""), out("c", "stop", 2)), META, True
+        )
+    ]
     texts = [json.loads(p.data)["choices"] for p in parts]
     assert [c[0]["text"] for c in texts[:2]] == ["ab", "c"]
     assert [c[0]["finish_reason"] for c in texts[:2]] == [None, "stop"]

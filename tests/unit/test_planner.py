@@ -28,8 +28,16 @@ class Provider:
 
 
 def target(name, local=False, max_context=None, price=None, **caps):
-    return Target(alias="a", provider_name=name, model="m", provider=Provider(name, **caps),
-                  timeouts=Timeouts(), local=local, max_context=max_context, price=price)
+    return Target(
+        alias="a",
+        provider_name=name,
+        model="m",
+        provider=Provider(name, **caps),
+        timeouts=Timeouts(),
+        local=local,
+        max_context=max_context,
+        price=price,
+    )
 
 
 class Health:
@@ -45,8 +53,9 @@ def names(targets):
 
 
 def plan(req, targets, health=None, strategy=None, needs=None) -> Plan:
-    return plan_route(req, targets, health or Health(), strategy or Priority(),
-                      random.Random(0), needs)
+    return plan_route(
+        req, targets, health or Health(), strategy or Priority(), random.Random(0), needs
+    )
 
 
 CHAT_WITH_TOOLS = ChatRequest(
@@ -57,10 +66,15 @@ CHAT_WITH_TOOLS = ChatRequest(
 
 
 def test_strategy_orders_the_survivors_and_reasons_are_per_label():
-    targets = [target("dear", price=Price(input_per_mtok=10)),
-               target("cheap", price=Price(input_per_mtok=1))]
-    result = plan(RouteRequest(model="a", prompt_tokens=100), targets,
-                  strategy=build_strategy(LowestCostStrategy()))
+    targets = [
+        target("dear", price=Price(input_per_mtok=10)),
+        target("cheap", price=Price(input_per_mtok=1)),
+    ]
+    result = plan(
+        RouteRequest(model="a", prompt_tokens=100),
+        targets,
+        strategy=build_strategy(LowestCostStrategy()),
+    )
     assert names(result.ordered) == ["cheap", "dear"]
     assert result.reasons["cheap/m"].startswith("lowest_cost: cheapest")
     assert result.skipped == [] and result.saturated == []
@@ -71,7 +85,9 @@ def test_local_only_never_reaches_a_non_local_target():
     result = plan(RouteRequest(model="a", local_only=True), targets)
     assert names(result.ordered) == ["gpu"]
     assert [(s.label, s.reason) for s in result.skipped] == [
-        ("cloud/m", "not local (data residency)"), ("cloud2/m", "not local (data residency)")]
+        ("cloud/m", "not local (data residency)"),
+        ("cloud2/m", "not local (data residency)"),
+    ]
     # nothing local left: an empty plan (the executor answers 503), never a cloud target
     none_left = plan(RouteRequest(model="a", local_only=True), [target("cloud")])
     assert none_left.ordered == []
@@ -91,8 +107,11 @@ def test_capabilities_skip_and_400_when_none_is_capable():
 
 def test_context_window_skip_and_400_when_nothing_fits():
     req = RouteRequest(model="a", prompt_tokens=7000, max_tokens=1000)
-    targets = [target("small", max_context=4096), target("big", max_context=8000),
-               target("unknown")]
+    targets = [
+        target("small", max_context=4096),
+        target("big", max_context=8000),
+        target("unknown"),
+    ]
     result = plan(req, targets)
     assert names(result.ordered) == ["big", "unknown"]
     assert result.skipped[0].reason == "context 4096 < 8000"
@@ -104,18 +123,25 @@ def test_context_window_skip_and_400_when_nothing_fits():
         plan(RouteRequest(model="a", prompt_tokens=9000), [target("mid", max_context=7999)])
     assert info.value.param == "messages"
     # without max_tokens only the prompt must fit: the upstream stops at its limit
-    unbounded = plan(RouteRequest(model="a", prompt_tokens=4000), [target("small", max_context=4096)])
+    unbounded = plan(
+        RouteRequest(model="a", prompt_tokens=4000), [target("small", max_context=4096)]
+    )
     assert names(unbounded.ordered) == ["small"]
 
 
 def test_open_breakers_and_saturated_replicas_are_skipped():
-    health = Health(down=TargetHealth(breaker="open"), busy=TargetHealth(saturated=True),
-                    probing=TargetHealth(breaker="half_open"))
+    health = Health(
+        down=TargetHealth(breaker="open"),
+        busy=TargetHealth(saturated=True),
+        probing=TargetHealth(breaker="half_open"),
+    )
     targets = [target("down"), target("busy", local=True), target("probing"), target("ok")]
     result = plan(RouteRequest(model="a"), targets, health)
     assert names(result.ordered) == ["probing", "ok"]
     assert [(s.label, s.reason) for s in result.skipped] == [
-        ("down/m", "circuit open"), ("busy/m", "saturated")]
+        ("down/m", "circuit open"),
+        ("busy/m", "saturated"),
+    ]
     assert names(result.saturated) == ["busy"]
 
 
@@ -143,9 +169,14 @@ specs = st.lists(
 )
 
 
-@given(specs, st.booleans(), st.integers(0, 10_000), st.integers(0, 2**32),
-       st.sampled_from([PriorityStrategy(), WeightedStrategy(), LowestCostStrategy()]),
-       st.frozensets(st.integers(0, 7)))
+@given(
+    specs,
+    st.booleans(),
+    st.integers(0, 10_000),
+    st.integers(0, 2**32),
+    st.sampled_from([PriorityStrategy(), WeightedStrategy(), LowestCostStrategy()]),
+    st.frozensets(st.integers(0, 7)),
+)
 def test_plan_invariants(specs, local_only, prompt_tokens, seed, strategy_config, denied):
     """Every plan is an ordering of a subset of the candidates (no duplicates, no
     outsiders); every candidate is either planned or skipped; a local_only request never
@@ -153,21 +184,40 @@ def test_plan_invariants(specs, local_only, prompt_tokens, seed, strategy_config
     targets never appear."""
     deny = tuple(f"t{i}" for i in denied)
     targets = [
-        Target(alias="a", provider_name=f"t{i}", model="m", provider=Provider(f"t{i}"),
-               timeouts=Timeouts(), local=local, max_context=ctx, weight=w)
+        Target(
+            alias="a",
+            provider_name=f"t{i}",
+            model="m",
+            provider=Provider(f"t{i}"),
+            timeouts=Timeouts(),
+            local=local,
+            max_context=ctx,
+            weight=w,
+        )
         for i, (local, ctx, _, _, w) in enumerate(specs)
     ]
-    health = Health(**{f"t{i}": TargetHealth(breaker=b, saturated=s)
-                       for i, (_, _, b, s, _) in enumerate(specs)})
-    req = RouteRequest(model="a", prompt_tokens=prompt_tokens, max_tokens=100,
-                       local_only=local_only, deny_providers=deny)
+    health = Health(
+        **{f"t{i}": TargetHealth(breaker=b, saturated=s) for i, (_, _, b, s, _) in enumerate(specs)}
+    )
+    req = RouteRequest(
+        model="a",
+        prompt_tokens=prompt_tokens,
+        max_tokens=100,
+        local_only=local_only,
+        deny_providers=deny,
+    )
     try:
-        result = plan_route(req, targets, health, build_strategy(strategy_config),
-                            random.Random(seed))
+        result = plan_route(
+            req, targets, health, build_strategy(strategy_config), random.Random(seed)
+        )
     except ContextLengthError:
-        fitting = [t for t in targets if (t.local or not local_only)
-                   and t.provider_name not in deny
-                   and (t.max_context is None or t.max_context >= prompt_tokens + 100)]
+        fitting = [
+            t
+            for t in targets
+            if (t.local or not local_only)
+            and t.provider_name not in deny
+            and (t.max_context is None or t.max_context >= prompt_tokens + 100)
+        ]
         assert fitting == []
         return
     planned = [t.label for t in result.ordered]
@@ -193,6 +243,7 @@ def test_tenant_provider_lists_filter_the_whole_plan():
     assert [(s.label, s.reason) for s in allowed.skipped] == [
         ("other/m", "provider not allowed for this tenant")
     ]
-    denied = plan(RouteRequest(model="a", providers=("cloud", "local"), deny_providers=("cloud",)),
-                  targets)
+    denied = plan(
+        RouteRequest(model="a", providers=("cloud", "local"), deny_providers=("cloud",)), targets
+    )
     assert [t.provider_name for t in denied.ordered] == ["local"]

@@ -63,8 +63,14 @@ def test_stable_across_processes() -> None:
     # Python's own str hash is salted per process; ours must not be.
     code = "from routers.prefix import prefix_hashes; print(prefix_hashes('q' * 300 + 'ü' * 70))"
     outputs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": seed}, cwd=ROOT).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed},
+            cwd=ROOT,
+        ).stdout
         for seed in ("1", "2")
     }
     assert len(outputs) == 1
@@ -74,8 +80,9 @@ def test_stable_across_processes() -> None:
 @given(st.text(max_size=400), st.text(max_size=400), st.integers(1, 16))
 def test_shared_leading_blocks_share_exactly_the_leading_hashes(a: str, b: str, size: int) -> None:
     ha, hb = prefix_hashes(a, size), prefix_hashes(b, size)
-    common_chars = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                        min(len(a), len(b)))
+    common_chars = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
     shared_blocks = min(common_chars // size, len(ha), len(hb))
     assert ha[:shared_blocks] == hb[:shared_blocks]
     if shared_blocks < min(len(ha), len(hb)):
@@ -85,9 +92,14 @@ def test_shared_leading_blocks_share_exactly_the_leading_hashes(a: str, b: str, 
 # ---------------------------------------------------------------- prompt_text
 def test_growing_conversation_keeps_its_leading_hashes() -> None:
     turn1 = chat([SYSTEM, {"role": "user", "content": "What is a monad?"}])
-    turn2 = chat([SYSTEM, {"role": "user", "content": "What is a monad?"},
-                  {"role": "assistant", "content": "A monoid in the category of endofunctors."},
-                  {"role": "user", "content": "Explain it simply, please."}])
+    turn2 = chat(
+        [
+            SYSTEM,
+            {"role": "user", "content": "What is a monad?"},
+            {"role": "assistant", "content": "A monoid in the category of endofunctors."},
+            {"role": "user", "content": "Explain it simply, please."},
+        ]
+    )
     t1, t2 = prompt_text(turn1), prompt_text(turn2)
     assert t2.startswith(t1)
     h1, h2 = prefix_hashes(t1), prefix_hashes(t2)
@@ -105,13 +117,18 @@ def test_same_system_prompt_different_question_shares_the_system_blocks() -> Non
 def test_roles_and_message_boundaries_matter() -> None:
     as_user = prompt_text(chat([{"role": "user", "content": "hello"}]))
     as_system = prompt_text(chat([{"role": "system", "content": "hello"}]))
-    split = prompt_text(chat([{"role": "user", "content": "hel"}, {"role": "user", "content": "lo"}]))
+    split = prompt_text(
+        chat([{"role": "user", "content": "hel"}, {"role": "user", "content": "lo"}])
+    )
     assert len({as_user, as_system, split}) == 3
 
 
 def test_tools_lead_and_their_key_order_does_not_matter() -> None:
     def tool(params: dict[str, object]) -> dict[str, object]:
-        return {"type": "function", "function": {"name": "f", "description": "d", "parameters": params}}
+        return {
+            "type": "function",
+            "function": {"name": "f", "description": "d", "parameters": params},
+        }
 
     msgs = [{"role": "user", "content": "x"}]
     a = prompt_text(chat(msgs, tools=[tool({"type": "object", "properties": {}})]))
@@ -128,8 +145,19 @@ def test_sampling_parameters_do_not_change_the_text() -> None:
 
 def test_image_parts_become_short_digests() -> None:
     def with_image(url: str) -> str:
-        return prompt_text(chat([{"role": "user", "content": [
-            {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": url}}]}]))
+        return prompt_text(
+            chat(
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "look"},
+                            {"type": "image_url", "image_url": {"url": url}},
+                        ],
+                    }
+                ]
+            )
+        )
 
     big = "data:image/png;base64," + "A" * 100_000
     assert len(with_image(big)) < 200
@@ -138,11 +166,16 @@ def test_image_parts_become_short_digests() -> None:
 
 
 def test_tool_calls_and_results_are_part_of_the_text() -> None:
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+        ],
+    }
     result = {"role": "tool", "tool_call_id": "c1", "content": "42"}
     text = prompt_text(chat([{"role": "user", "content": "q"}, call, result]))
-    assert "{\"a\":1}" in text and "c1" in text and "42" in text
+    assert '{"a":1}' in text and "c1" in text and "42" in text
 
 
 # ---------------------------------------------------------------- PrefixIndex
@@ -204,8 +237,9 @@ def test_ttl_expires_old_entries() -> None:
     assert index.matched("r", (1, 2)) == 1
 
 
-@given(st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=8), max_size=30),
-       st.integers(1, 12))
+@given(
+    st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=8), max_size=30), st.integers(1, 12)
+)
 def test_index_never_exceeds_capacity_and_last_record_matches_fully(
     prompts: list[list[int]], capacity: int
 ) -> None:

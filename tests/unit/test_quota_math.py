@@ -40,13 +40,15 @@ def manager(clock: FakeClock, fallback=None, store=None, **tenants: TenantConfig
     return QuotaManager(tenants, store, fallback or MemoryStore(clock), clock)
 
 
-def admit(q: QuotaManager, tokens: int = 0, cost: float = 0.0, p: Principal | None = None,
-          rid: str = "r") -> Admission:
+def admit(
+    q: QuotaManager, tokens: int = 0, cost: float = 0.0, p: Principal | None = None, rid: str = "r"
+) -> Admission:
     return run(q.admit(p or who(), tokens, cost, rid))
 
 
-def rejected(q: QuotaManager, tokens: int = 0, cost: float = 0.0, p: Principal | None = None,
-             rid: str = "r") -> RateLimitError:
+def rejected(
+    q: QuotaManager, tokens: int = 0, cost: float = 0.0, p: Principal | None = None, rid: str = "r"
+) -> RateLimitError:
     with pytest.raises(RateLimitError) as info:
         admit(q, tokens, cost, p, rid)
     return info.value
@@ -106,8 +108,19 @@ def test_bounds_contain_now(now: float, window: Window) -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0ms"), (0.25, "250ms"), (0.9994, "1s"), (1, "1s"), (8.64, "8.64s"), (12, "12s"),
-     (59.9999, "1m0s"), (63, "1m3s"), (360, "6m0s"), (3723, "1h2m3s"), (-5, "0ms")],
+    [
+        (0, "0ms"),
+        (0.25, "250ms"),
+        (0.9994, "1s"),
+        (1, "1s"),
+        (8.64, "8.64s"),
+        (12, "12s"),
+        (59.9999, "1m0s"),
+        (63, "1m3s"),
+        (360, "6m0s"),
+        (3723, "1h2m3s"),
+        (-5, "0ms"),
+    ],
 )
 def test_reset_format_is_openais(seconds: float, text: str) -> None:
     assert format_reset(seconds) == text
@@ -142,7 +155,8 @@ def test_tpm_counts_reservations_and_names_oversized_requests() -> None:
     q = manager(clock, acme=TenantConfig(limits=Limits(tpm=1000)))
     a = admit(q, 600)
     assert a.headers() == {
-        "x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "400",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "400",
         "x-ratelimit-reset-tokens": "40s",
     }
     err = rejected(q, 401)
@@ -260,7 +274,9 @@ def test_admission_is_all_or_nothing() -> None:
 
 def test_tenants_are_independent() -> None:
     clock = FakeClock()
-    q = manager(clock, acme=TenantConfig(limits=Limits(rpm=1)), beta=TenantConfig(limits=Limits(rpm=1)))
+    q = manager(
+        clock, acme=TenantConfig(limits=Limits(rpm=1)), beta=TenantConfig(limits=Limits(rpm=1))
+    )
     admit(q, p=who("acme"))
     admit(q, p=who("beta"))
     rejected(q, p=who("acme"))
@@ -268,7 +284,13 @@ def test_tenants_are_independent() -> None:
 
 def test_unlimited_principals_touch_no_store() -> None:
     clock, down = FakeClock(), DownStore()
-    q = manager(clock, fallback=down, store=down, acme=TenantConfig(), beta=TenantConfig(limits=Limits(rpm=1)))
+    q = manager(
+        clock,
+        fallback=down,
+        store=down,
+        acme=TenantConfig(),
+        beta=TenantConfig(limits=Limits(rpm=1)),
+    )
     for principal in (OPEN, ADMIN, who("acme"), who("unknown")):
         a = admit(q, 10, 1.0, p=principal)
         assert a.headers() == {} and a.store is None and not a.degraded
@@ -282,7 +304,9 @@ def test_unlimited_principals_touch_no_store() -> None:
 def test_fail_open_uses_local_limits_and_counts_it() -> None:
     clock = FakeClock()
     down, local = DownStore(), MemoryStore(clock)
-    q = manager(clock, fallback=local, store=down, acme=TenantConfig(limits=Limits(rpm=2, concurrency=1)))
+    q = manager(
+        clock, fallback=local, store=down, acme=TenantConfig(limits=Limits(rpm=2, concurrency=1))
+    )
     a = admit(q, rid="a")
     assert a.degraded and a.store is local and q.degraded_admissions == 1
     assert a.headers()["x-ratelimit-remaining-requests"] == "1"
@@ -299,7 +323,9 @@ def test_fail_closed_answers_503_and_a_dead_fallback_too() -> None:
     with pytest.raises(ServiceUnavailableError) as info:
         admit(q)
     assert info.value.status == 503 and info.value.retry_after == 1.0
-    q = manager(clock, fallback=DownStore(), store=DownStore(), acme=TenantConfig(limits=Limits(rpm=2)))
+    q = manager(
+        clock, fallback=DownStore(), store=DownStore(), acme=TenantConfig(limits=Limits(rpm=2))
+    )
     with pytest.raises(ServiceUnavailableError):
         admit(q)
     assert q.unavailable_rejections == 1 and q.degraded_admissions == 1
@@ -312,7 +338,9 @@ RPM, TPM = 7, 1000
 # One arrival: gap since the previous one (s), estimated tokens, actual/estimate ratio,
 # seconds until settle (None: never settled, e.g. still streaming or crashed).
 arrival = st.tuples(
-    st.floats(0, 25), st.integers(0, 600), st.floats(0, 2),
+    st.floats(0, 25),
+    st.integers(0, 600),
+    st.floats(0, 2),
     st.one_of(st.none(), st.floats(0, 150)),
 )
 

@@ -35,7 +35,9 @@ pytestmark = pytest.mark.anyio
 
 ON = ResponseCacheConfig(enabled=True, ttl_s=60.0, max_entries=3, max_entry_bytes=4096)
 BODY: dict[str, Any] = {
-    "model": "chat", "temperature": 0, "messages": [{"role": "user", "content": "Hi"}],
+    "model": "chat",
+    "temperature": 0,
+    "messages": [{"role": "user", "content": "Hi"}],
 }
 
 
@@ -49,8 +51,13 @@ def request(**options: Any) -> ChatRequest:
 
 def answer(text: str = "Hello!", rid: str = "chatcmpl-1") -> ChatResponse:
     message = AssistantMessage(content=text)
-    return ChatResponse(id=rid, created=1_700_000_000, model="m",
-                        choices=[Choice(0, message, "stop")], usage=make_usage(3, 2))
+    return ChatResponse(
+        id=rid,
+        created=1_700_000_000,
+        model="m",
+        choices=[Choice(0, message, "stop")],
+        usage=make_usage(3, 2),
+    )
 
 
 @pytest.fixture
@@ -72,15 +79,18 @@ async def store(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterat
 
 
 # ---------------------------------------------------------------- decisions
-@pytest.mark.parametrize(("options", "expected"), [
-    ({"temperature": 0.0}, True),
-    ({"seed": 7, "temperature": 0.9}, True),
-    ({"temperature": 0.0, "n": 1}, True),
-    ({}, False),  # default temperature 1: sampled
-    ({"temperature": 0.2}, False),
-    ({"temperature": 0.0, "n": 2}, False),
-    ({"seed": 1, "n": 3}, False),
-])
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"temperature": 0.0}, True),
+        ({"seed": 7, "temperature": 0.9}, True),
+        ({"temperature": 0.0, "n": 1}, True),
+        ({}, False),  # default temperature 1: sampled
+        ({"temperature": 0.2}, False),
+        ({"temperature": 0.0, "n": 2}, False),
+        ({"seed": 1, "n": 3}, False),
+    ],
+)
 def test_only_deterministic_requests_are_cacheable(options: dict[str, Any], expected: bool) -> None:
     cache = ResponseCache(ON, MemoryStore(FakeClock()), FakeClock())
     assert deterministic(request(**options)) is expected
@@ -88,13 +98,16 @@ def test_only_deterministic_requests_are_cacheable(options: dict[str, Any], expe
     assert cache.readable(request(**options), {}) is expected
 
 
-@pytest.mark.parametrize(("header", "read", "write"), [
-    ("no-store", False, False),
-    ("No-Store, max-age=0", False, False),
-    ("no-cache", False, True),
-    ("max-age=0, no-cache", False, True),
-    ("max-age=60", True, True),
-])
+@pytest.mark.parametrize(
+    ("header", "read", "write"),
+    [
+        ("no-store", False, False),
+        ("No-Store, max-age=0", False, False),
+        ("no-cache", False, True),
+        ("max-age=0, no-cache", False, True),
+        ("max-age=60", True, True),
+    ],
+)
 def test_client_cache_control_directives(header: str, read: bool, write: bool) -> None:
     cache = ResponseCache(ON, MemoryStore(FakeClock()), FakeClock())
     deterministic_req = request(temperature=0.0)
@@ -118,40 +131,51 @@ def test_key_is_scoped_by_tenant_and_model_version() -> None:
     assert cache.key("acme", "v2", raw()) != base
 
 
-@pytest.mark.parametrize("change", [
-    {"messages": [{"role": "user", "content": "Hi!"}]},
-    {"messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]},
-    {"model": "other-alias"},
-    {"temperature": 0.5},
-    {"top_p": 0.5},
-    {"max_tokens": 10},
-    {"max_completion_tokens": 10},
-    {"stop": ["\n"]},
-    {"seed": 1},
-    {"tools": [{"type": "function", "function": {"name": "f"}}]},
-    {"tool_choice": "required"},
-    {"response_format": {"type": "json_object"}},
-    {"presence_penalty": 0.1},
-    {"frequency_penalty": 0.1},
-    {"logit_bias": {"50256": -100}},
-    {"logprobs": True},
-    {"reasoning_effort": "high"},
-    {"some_vendor_extension": {"a": 1}},  # unknown fields are forwarded, so they count
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"messages": [{"role": "user", "content": "Hi!"}]},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief"},
+                {"role": "user", "content": "Hi"},
+            ]
+        },
+        {"model": "other-alias"},
+        {"temperature": 0.5},
+        {"top_p": 0.5},
+        {"max_tokens": 10},
+        {"max_completion_tokens": 10},
+        {"stop": ["\n"]},
+        {"seed": 1},
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"tool_choice": "required"},
+        {"response_format": {"type": "json_object"}},
+        {"presence_penalty": 0.1},
+        {"frequency_penalty": 0.1},
+        {"logit_bias": {"50256": -100}},
+        {"logprobs": True},
+        {"reasoning_effort": "high"},
+        {"some_vendor_extension": {"a": 1}},  # unknown fields are forwarded, so they count
+    ],
+)
 def test_any_output_relevant_change_changes_the_key(change: dict[str, Any]) -> None:
     cache = ResponseCache(ON, MemoryStore(), FakeClock())
     assert cache.key("acme", "v1", raw(**change)) != cache.key("acme", "v1", raw())
 
 
-@pytest.mark.parametrize("change", [
-    {"stream": True},
-    {"stream": True, "stream_options": {"include_usage": True}},
-    {"user": "end-user-42"},
-    {"metadata": {"run": "7"}},
-    {"store": True},
-    {"prompt_cache_key": "tenant-a"},
-    {"temperature": 0.0},  # 0.0 and 0 are the same number
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"stream": True},
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"user": "end-user-42"},
+        {"metadata": {"run": "7"}},
+        {"store": True},
+        {"prompt_cache_key": "tenant-a"},
+        {"temperature": 0.0},  # 0.0 and 0 are the same number
+    ],
+)
 def test_metadata_only_changes_keep_the_key(change: dict[str, Any]) -> None:
     cache = ResponseCache(ON, MemoryStore(), FakeClock())
     assert cache.key("acme", "v1", raw(**change)) == cache.key("acme", "v1", raw())
@@ -162,7 +186,9 @@ def test_canonical_form_ignores_key_order_and_whitespace() -> None:
     b = b'{ "messages": [ {"content": "Hi", "role": "user"} ],\n "temperature": 0.0, "model": "chat" }'
     assert canonical_body(a) == canonical_body(b)
     assert json.loads(canonical_body(a)) == {
-        "messages": [{"content": "Hi", "role": "user"}], "model": "chat", "temperature": 0,
+        "messages": [{"content": "Hi", "role": "user"}],
+        "model": "chat",
+        "temperature": 0,
     }
 
 
@@ -252,31 +278,71 @@ async def test_unreadable_entry_is_a_miss(clock: FakeClock) -> None:
 
 # ---------------------------------------------------------------- stream replay
 def tool_answer() -> ChatResponse:
-    calls = [ToolCall("call_1", FunctionCall("get_weather", '{"city": "Paris"}')),
-             ToolCall("call_2", FunctionCall("get_time", ""))]
+    calls = [
+        ToolCall("call_1", FunctionCall("get_weather", '{"city": "Paris"}')),
+        ToolCall("call_2", FunctionCall("get_time", "")),
+    ]
     message = AssistantMessage(content=None, tool_calls=calls)
-    return ChatResponse(id="chatcmpl-2", created=5, model="m", system_fingerprint="fp_1",
-                        choices=[Choice(0, message, "tool_calls")], usage=make_usage(9, 4, 3))
+    return ChatResponse(
+        id="chatcmpl-2",
+        created=5,
+        model="m",
+        system_fingerprint="fp_1",
+        choices=[Choice(0, message, "tool_calls")],
+        usage=make_usage(9, 4, 3),
+    )
 
 
 def test_chunks_follow_openais_stream_shape() -> None:
     chunks = chunks_of(tool_answer(), include_usage=True)
     shape = [msgspec.to_builtins(c) for c in chunks]
-    deltas = [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) if c["choices"]
-              else c["usage"] for c in shape]
+    deltas = [
+        (c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) if c["choices"] else c["usage"]
+        for c in shape
+    ]
     assert deltas == [
         ({"role": "assistant"}, None),
-        ({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                          "function": {"name": "get_weather", "arguments": ""}}]}, None),
+        (
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""},
+                    }
+                ]
+            },
+            None,
+        ),
         ({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]}, None),
-        ({"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
-                          "function": {"name": "get_time", "arguments": ""}}]}, None),
+        (
+            {
+                "tool_calls": [
+                    {
+                        "index": 1,
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "get_time", "arguments": ""},
+                    }
+                ]
+            },
+            None,
+        ),
         ({}, "tool_calls"),
-        {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
-         "prompt_tokens_details": {"cached_tokens": 3}},
+        {
+            "prompt_tokens": 9,
+            "completion_tokens": 4,
+            "total_tokens": 13,
+            "prompt_tokens_details": {"cached_tokens": 3},
+        },
     ]
-    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-2"
-               and c["system_fingerprint"] == "fp_1" for c in shape)
+    assert all(
+        c["object"] == "chat.completion.chunk"
+        and c["id"] == "chatcmpl-2"
+        and c["system_fingerprint"] == "fp_1"
+        for c in shape
+    )
     assert shape[-1]["choices"] == []
 
 
@@ -292,10 +358,39 @@ def test_accumulator_merges_fragmented_upstream_deltas() -> None:
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
         {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
         {"choices": [{"index": 0, "delta": {"content": "lo"}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": ""},
+                            }
+                        ]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]},
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
+                }
+            ]
+        },
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
         {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}},
     ]
@@ -303,12 +398,24 @@ def test_accumulator_merges_fragmented_upstream_deltas() -> None:
     acc = StreamAccumulator()
     for i, frame in enumerate(frames):
         assert not acc.finished or i == len(frames) - 1
-        acc.add(decoder.decode(json.dumps(
-            {"object": "chat.completion.chunk", "id": "x", "created": 1, "model": "m", **frame})))
+        acc.add(
+            decoder.decode(
+                json.dumps(
+                    {
+                        "object": "chat.completion.chunk",
+                        "id": "x",
+                        "created": 1,
+                        "model": "m",
+                        **frame,
+                    }
+                )
+            )
+        )
     assert acc.finished
     result = acc.result()
     assert result.choices[0].message == AssistantMessage(
-        content="Hello", tool_calls=[ToolCall("c1", FunctionCall("f", '{"a": 1}'))])
+        content="Hello", tool_calls=[ToolCall("c1", FunctionCall("f", '{"a": 1}'))]
+    )
     assert result.choices[0].finish_reason == "tool_calls"
     assert result.usage == make_usage(1, 2)
 
@@ -321,26 +428,42 @@ def test_unfinished_stream_is_not_complete() -> None:
 
 
 texts = st.text(max_size=20)
-tool_calls = st.lists(st.builds(
-    ToolCall, id=st.text(min_size=1, max_size=8),
-    function=st.builds(FunctionCall, name=st.text(min_size=1, max_size=8), arguments=texts)),
-    min_size=1, max_size=3)
-messages = st.builds(AssistantMessage, content=st.none() | texts,
-                     tool_calls=st.none() | tool_calls, refusal=st.none() | texts)
-logprobs = st.none() | st.builds(lambda n: {"content": [{"token": str(i)} for i in range(n)],
-                                            "refusal": None}, st.integers(0, 3))
+tool_calls = st.lists(
+    st.builds(
+        ToolCall,
+        id=st.text(min_size=1, max_size=8),
+        function=st.builds(FunctionCall, name=st.text(min_size=1, max_size=8), arguments=texts),
+    ),
+    min_size=1,
+    max_size=3,
+)
+messages = st.builds(
+    AssistantMessage,
+    content=st.none() | texts,
+    tool_calls=st.none() | tool_calls,
+    refusal=st.none() | texts,
+)
+logprobs = st.none() | st.builds(
+    lambda n: {"content": [{"token": str(i)} for i in range(n)], "refusal": None}, st.integers(0, 3)
+)
 finish = st.none() | st.sampled_from(["stop", "length", "tool_calls", "content_filter"])
-usages = st.none() | st.builds(make_usage, st.integers(0, 10**6), st.integers(0, 10**6),
-                               st.integers(0, 100))
+usages = st.none() | st.builds(
+    make_usage, st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 100)
+)
 
 
 @st.composite
 def responses(draw: st.DrawFn) -> ChatResponse:
     count = draw(st.integers(1, 3))
     choices = [Choice(i, draw(messages), draw(finish), draw(logprobs)) for i in range(count)]
-    return ChatResponse(id=draw(st.text(min_size=1, max_size=10)), created=draw(st.integers(0, 2**31)),
-                        model=draw(st.text(min_size=1, max_size=10)), choices=choices,
-                        usage=draw(usages), system_fingerprint=draw(st.none() | texts))
+    return ChatResponse(
+        id=draw(st.text(min_size=1, max_size=10)),
+        created=draw(st.integers(0, 2**31)),
+        model=draw(st.text(min_size=1, max_size=10)),
+        choices=choices,
+        usage=draw(usages),
+        system_fingerprint=draw(st.none() | texts),
+    )
 
 
 @settings(max_examples=200, deadline=None)

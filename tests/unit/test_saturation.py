@@ -125,9 +125,15 @@ def test_finishing_requests_let_the_queue_in_first() -> None:
     assert (drained.running, drained.waiting) == (0, 0)
 
 
-@given(st.integers(0, 64), st.integers(0, 64), st.integers(-80, 80),
-       st.one_of(st.none(), st.integers(0, 64)))
-def test_estimate_conserves_requests(running: int, waiting: int, net: int, slots: int | None) -> None:
+@given(
+    st.integers(0, 64),
+    st.integers(0, 64),
+    st.integers(-80, 80),
+    st.one_of(st.none(), st.integers(0, 64)),
+)
+def test_estimate_conserves_requests(
+    running: int, waiting: int, net: int, slots: int | None
+) -> None:
     signals = estimate(NOW, running, waiting, 0.0, net_sent=net, in_flight=0, slots=slots)
     assert signals.running >= 0 and signals.waiting >= 0
     assert signals.running + signals.waiting == max(0, running + waiting + net)

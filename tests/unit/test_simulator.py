@@ -30,21 +30,37 @@ from policies.latency import LatencyStats
 from routers.strategies import build_strategy
 
 
-def managed(label: str, ttft: float, price: float = 1.0, sigma: float = 0.0,
-            prefill: float = 0.0) -> ManagedModel:
-    return ManagedModel(label, Price(input_per_mtok=price, output_per_mtok=price * 4),
-                        ttft_base_s=ttft, prefill_s_per_token=prefill, tpot_s=0.01,
-                        noise_sigma=sigma)
+def managed(
+    label: str, ttft: float, price: float = 1.0, sigma: float = 0.0, prefill: float = 0.0
+) -> ManagedModel:
+    return ManagedModel(
+        label,
+        Price(input_per_mtok=price, output_per_mtok=price * 4),
+        ttft_base_s=ttft,
+        prefill_s_per_token=prefill,
+        tpot_s=0.01,
+        noise_sigma=sigma,
+    )
 
 
 def local(slots: int = 2) -> LocalTier:
-    return LocalTier("local/gpu", hourly_usd=3.6, tokens_per_s=1000.0, slots=slots,
-                     ttft_base_s=0.1, prefill_s_per_token=0.0, tpot_s=0.01, load_slope=0.0,
-                     noise_sigma=0.0, max_context=4096)
+    return LocalTier(
+        "local/gpu",
+        hourly_usd=3.6,
+        tokens_per_s=1000.0,
+        slots=slots,
+        ttft_base_s=0.1,
+        prefill_s_per_token=0.0,
+        tpot_s=0.01,
+        load_slope=0.0,
+        noise_sigma=0.0,
+        max_context=4096,
+    )
 
 
-def req(index: int, at: float, prompt: int = 100, output: int = 50,
-        slo_ms: float = 1000.0) -> SimRequest:
+def req(
+    index: int, at: float, prompt: int = 100, output: int = 50, slo_ms: float = 1000.0
+) -> SimRequest:
     return SimRequest(index, at, "chat", prompt, output, 256, slo_ms)
 
 
@@ -60,8 +76,9 @@ def test_trace_is_deterministic_per_seed_and_poisson_ish() -> None:
     for klass in MIXED:
         assert shares[klass.name] / 4000 == pytest.approx(klass.share, abs=0.03)
         mine = [r for r in a if r.klass == klass.name]
-        assert all(r.output_tokens <= klass.max_tokens and r.slo_ttft_ms == klass.slo_ttft_ms
-                   for r in mine)
+        assert all(
+            r.output_tokens <= klass.max_tokens and r.slo_ttft_ms == klass.slo_ttft_ms for r in mine
+        )
 
 
 # ---------------------------------------------------------------- target models
@@ -81,8 +98,9 @@ def test_local_tier_is_priced_per_token_from_its_hourly_price() -> None:
     gpu = local()
     # $3.60/h over 1,000 tokens/s = $1 per million tokens, input and output alike.
     assert request_cost(gpu.price, req(0, 0.0, prompt=600, output=400)) == pytest.approx(1e-3)
-    assert request_cost(Price(input_per_mtok=2.0, output_per_mtok=10.0),
-                        req(0, 0.0, prompt=1000, output=100)) == pytest.approx(0.003)
+    assert request_cost(
+        Price(input_per_mtok=2.0, output_per_mtok=10.0), req(0, 0.0, prompt=1000, output=100)
+    ) == pytest.approx(0.003)
 
 
 # ---------------------------------------------------------------- health board
@@ -104,13 +122,14 @@ def test_board_feeds_the_gateways_latency_stats_what_the_gateway_would() -> None
     board = HealthBoard(["a/x"], lambda label, now: None)
     clock = FakeClock(start=0.0)
     reference = LatencyStats(clock)
-    samples = [(0.0, 1.0, 2000, 0.02, 100), (1.0, 2.5, 30_000, 0.03, 50),
-               (5.0, 0.8, 500, 0.01, 10)]
+    samples = [(0.0, 1.0, 2000, 0.02, 100), (1.0, 2.5, 30_000, 0.03, 50), (5.0, 0.8, 500, 0.01, 10)]
     for start, ttft, prompt, tpot, output in samples:
         board.started("a/x")
         board.succeeded("a/x", start, ttft, tpot, start + ttft + tpot * output, prompt, output)
-    events = sorted([(s + t, "ttft", t, p) for s, t, p, _, _ in samples]
-                    + [(s + t + tp * o, "done", tp * o, o) for s, t, _, tp, o in samples])
+    events = sorted(
+        [(s + t, "ttft", t, p) for s, t, p, _, _ in samples]
+        + [(s + t + tp * o, "done", tp * o, o) for s, t, _, tp, o in samples]
+    )
     for at, kind, value, n in events:
         clock.advance(at - clock.now())
         if kind == "ttft":
@@ -164,8 +183,12 @@ def test_failing_targets_requests_fall_back_and_the_breaker_stops_the_waste() ->
 
 
 def test_without_a_fallback_the_outage_fails_requests() -> None:
-    sim = Simulation([managed("v/only", 0.5)], build_strategy(PriorityStrategy()),
-                     [Outage("v/only", 0.0, 5.0)], seed=1)
+    sim = Simulation(
+        [managed("v/only", 0.5)],
+        build_strategy(PriorityStrategy()),
+        [Outage("v/only", 0.0, 5.0)],
+        seed=1,
+    )
     outcomes = sim.run([req(i, 1.0 + i) for i in range(10)])
     failed = [o for o in outcomes if o.served_by is None]
     assert failed and all(not o.met_slo and o.cost_usd == 0.0 for o in failed)
@@ -193,10 +216,11 @@ def test_slo_strategy_sends_long_prompts_where_they_meet_the_objective() -> None
     one, and a dear one that never does: once both are measured, the long prompts go dear
     and the short ones cheap. A mean over both lengths (~2.9 s) would call the cheap model
     good for everything, and every long prompt sent there would miss."""
-    targets = [managed("v/cheap", 0.8, price=0.1, prefill=1e-4),
-               managed("v/dear", 0.4, price=5.0, prefill=2e-5)]
-    trace = [req(i, i * 2.0, prompt=40_000 if i % 2 else 2000, slo_ms=4000.0)
-             for i in range(80)]
+    targets = [
+        managed("v/cheap", 0.8, price=0.1, prefill=1e-4),
+        managed("v/dear", 0.4, price=5.0, prefill=2e-5),
+    ]
+    trace = [req(i, i * 2.0, prompt=40_000 if i % 2 else 2000, slo_ms=4000.0) for i in range(80)]
     outcomes = Simulation(targets, build_strategy(SloStrategy()), seed=1).run(trace)
     later = outcomes[20:]
     assert {o.served_by for o in later if o.request.prompt_tokens == 2000} == {"v/cheap"}

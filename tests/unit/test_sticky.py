@@ -127,7 +127,8 @@ def test_prefix_hash_covers_tools_and_needs_min_chars() -> None:
     with_tools = stable_prefix_hash(chat(Message("user", "Hi"), tools=[tool]), 4096)
     assert with_tools is not None
     assert with_tools != stable_prefix_hash(
-        chat(Message("user", "Hi"), tools=[Tool(FunctionDef("lookup", "y" * 5000))]), 4096)
+        chat(Message("user", "Hi"), tools=[Tool(FunctionDef("lookup", "y" * 5000))]), 4096
+    )
 
 
 # ---------------------------------------------------------------- prefer
@@ -137,8 +138,13 @@ class NoProvider:
 
 def target(label: str) -> Target:
     provider, model = label.split("/")
-    return Target(alias="chat", provider_name=provider, model=model,
-                  provider=NoProvider(), timeouts=Timeouts())  # type: ignore[arg-type]
+    return Target(
+        alias="chat",
+        provider_name=provider,
+        model=model,
+        provider=NoProvider(),
+        timeouts=Timeouts(),
+    )  # type: ignore[arg-type]
 
 
 PLAN = [target("a/1"), target("b/2"), target("c/3")]

@@ -62,7 +62,9 @@ async def test_now_is_the_wall_clock(store: MemoryStore, clock: FakeClock) -> No
     assert store.now() == clock.wall()
 
 
-async def test_script_twin_gets_data_keys_args_and_now(store: MemoryStore, clock: FakeClock) -> None:
+async def test_script_twin_gets_data_keys_args_and_now(
+    store: MemoryStore, clock: FakeClock
+) -> None:
     assert await store.run(INCR, ["n"], [2, 10]) == [2, repr(clock.wall()).encode()]
     assert (await store.run(INCR, ["n"], [3, 10]))[0] == 5
     assert await store.get("n") == b"5"  # numbers read back as Redis would return them
@@ -76,7 +78,9 @@ async def test_structured_values_are_not_strings(store: MemoryStore) -> None:
         await store.get("h")
 
 
-async def test_expire_zero_deletes_and_sweep_drops_expired(store: MemoryStore, clock: FakeClock) -> None:
+async def test_expire_zero_deletes_and_sweep_drops_expired(
+    store: MemoryStore, clock: FakeClock
+) -> None:
     data = store.data
     data.set("a", 1)
     data.expire("a", 0)

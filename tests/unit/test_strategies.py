@@ -53,8 +53,16 @@ class Provider:
 def target(name, weight=1.0, price=None, local=False):
     from routers.targets import Target
 
-    return Target(alias="a", provider_name=name, model="m", provider=Provider(name),
-                  timeouts=Timeouts(), weight=weight, price=price, local=local)
+    return Target(
+        alias="a",
+        provider_name=name,
+        model="m",
+        provider=Provider(name),
+        timeouts=Timeouts(),
+        weight=weight,
+        price=price,
+        local=local,
+    )
 
 
 class Health:
@@ -76,16 +84,37 @@ def per_mtok(inp, out):
     return Price(input_per_mtok=inp, output_per_mtok=out)
 
 
-CONFIGS = [PriorityStrategy(), WeightedStrategy(), LeastLatencyStrategy(), LowestCostStrategy(),
-           SloStrategy(), PrefixAwareStrategy(), RoundRobinStrategy()]
+CONFIGS = [
+    PriorityStrategy(),
+    WeightedStrategy(),
+    LeastLatencyStrategy(),
+    LowestCostStrategy(),
+    SloStrategy(),
+    PrefixAwareStrategy(),
+    RoundRobinStrategy(),
+]
 
 
 def test_build_strategy_makes_one_fresh_instance_per_config_kind():
     built = [build_strategy(c) for c in CONFIGS]
-    assert [type(s) for s in built] == [Priority, Weighted, LeastLatency, LowestCost, Slo,
-                                        PrefixAware, RoundRobin]
-    assert [s.name for s in built] == ["priority", "weighted", "least_latency", "lowest_cost",
-                                       "slo", "prefix_aware", "round_robin"]
+    assert [type(s) for s in built] == [
+        Priority,
+        Weighted,
+        LeastLatency,
+        LowestCost,
+        Slo,
+        PrefixAware,
+        RoundRobin,
+    ]
+    assert [s.name for s in built] == [
+        "priority",
+        "weighted",
+        "least_latency",
+        "lowest_cost",
+        "slo",
+        "prefix_aware",
+        "round_robin",
+    ]
     assert build_strategy(RoundRobinStrategy()) is not build_strategy(RoundRobinStrategy())
     assert build_strategy(PrefixAwareStrategy(w_prefix=7.0)).config.w_prefix == 7.0
     with pytest.raises(TypeError):
@@ -133,8 +162,9 @@ def test_every_strategy_returns_a_permutation_with_reasons(config, specs, req, s
 
 
 def test_priority_keeps_config_order():
-    ranked = Priority().plan(REQ, [target("a"), target("b"), target("c")], Health(),
-                             random.Random(0))
+    ranked = Priority().plan(
+        REQ, [target("a"), target("b"), target("c")], Health(), random.Random(0)
+    )
     assert names(ranked) == ["a", "b", "c"]
     assert ranked[0].reason == "priority: first available target"
     assert ranked[2].reason == "priority: #3"
@@ -178,8 +208,9 @@ def test_weighted_is_replayed_exactly_by_the_same_seed():
 def test_least_latency_two_candidates_always_the_faster_first():
     health = Health(slow=TargetHealth(ttft_s=0.9), fast=TargetHealth(ttft_s=0.1, tpot_s=0.001))
     for seed in range(30):
-        ranked = LeastLatency().plan(REQ, [target("slow"), target("fast")], health,
-                                     random.Random(seed))
+        ranked = LeastLatency().plan(
+            REQ, [target("slow"), target("fast")], health, random.Random(seed)
+        )
         assert names(ranked) == ["fast", "slow"]
     assert ranked[0].reason == "least_latency: better of two sampled (predicted 200ms vs 900ms)"
     assert ranked[1].reason == "least_latency: predicted 900ms"
@@ -187,8 +218,9 @@ def test_least_latency_two_candidates_always_the_faster_first():
 
 def test_least_latency_power_of_two_choices_frequencies():
     """Three targets: the fastest is first iff it is sampled (2/3), the slowest never."""
-    health = Health(a=TargetHealth(ttft_s=0.1), b=TargetHealth(ttft_s=0.5),
-                    c=TargetHealth(ttft_s=2.0))
+    health = Health(
+        a=TargetHealth(ttft_s=0.1), b=TargetHealth(ttft_s=0.5), c=TargetHealth(ttft_s=2.0)
+    )
     rng = random.Random(7)
     firsts = Counter(
         names(LeastLatency().plan(REQ, [target("a"), target("b"), target("c")], health, rng))[0]
@@ -208,8 +240,9 @@ def test_least_latency_explores_unmeasured_targets():
     assert names(vs_slow)[0] == "new"
     assert vs_slow[0].reason == "least_latency: unmeasured, explored first"
     winners = {
-        names(LeastLatency().plan(REQ, [target("fast"), target("new")], health,
-                                  random.Random(s)))[0]
+        names(LeastLatency().plan(REQ, [target("fast"), target("new")], health, random.Random(s)))[
+            0
+        ]
         for s in range(40)
     }
     assert winners == {"fast", "new"}
@@ -256,7 +289,10 @@ def test_slo_total_objective_uses_time_per_token():
         quick_start=TargetHealth(ttft_s=0.1, tpot_s=0.01),  # 0.1 + 10 = 10.1 s
         steady=TargetHealth(ttft_s=0.5, tpot_s=0.002),  # 0.5 + 2 = 2.5 s
     )
-    candidates = [target("quick_start", price=per_mtok(0, 0)), target("steady", price=per_mtok(1, 1))]
+    candidates = [
+        target("quick_start", price=per_mtok(0, 0)),
+        target("steady", price=per_mtok(1, 1)),
+    ]
     ranked = Slo().plan(req, candidates, health, random.Random(0))
     assert names(ranked) == ["steady", "quick_start"]
     assert "total 2.5s" in ranked[0].reason
@@ -281,8 +317,12 @@ def test_prefix_aware_prefers_the_replica_holding_the_prefix():
         r2=TargetHealth(prefix_blocks=3, in_flight=2),
         r3=TargetHealth(prefix_blocks=0, waiting=4, kv_usage=0.5, in_flight=2),
     )
-    candidates = [target("cloud"), target("r1", local=True), target("r2", local=True),
-                  target("r3", local=True)]
+    candidates = [
+        target("cloud"),
+        target("r1", local=True),
+        target("r2", local=True),
+        target("r3", local=True),
+    ]
     ranked = PrefixAware().plan(req, candidates, health, random.Random(0))
     assert names(ranked) == ["r2", "r1", "r3", "cloud"]
     # loads: r1 2, r2 2, r3 4 (4 waiting); r2: 3 * 3/4 + 2 * (1 - 2/5) + 2 * 1 = 5.45
@@ -303,8 +343,11 @@ def test_prefix_aware_hot_spot_loses_its_prefix_bonus():
     assert names(ranked) == ["cold", "warm", "hot"]
     assert "prefix bonus dropped" in ranked[2].reason
     # at the limit, not over it: mean (5 + 1 + 0) / 3 = 2, limit 2 * 2 + 1 = 5
-    calmer = Health(hot=TargetHealth(prefix_blocks=2, in_flight=5),
-                    warm=TargetHealth(in_flight=1), cold=TargetHealth(in_flight=0))
+    calmer = Health(
+        hot=TargetHealth(prefix_blocks=2, in_flight=5),
+        warm=TargetHealth(in_flight=1),
+        cold=TargetHealth(in_flight=0),
+    )
     assert names(PrefixAware().plan(req, candidates, calmer, random.Random(0)))[0] == "hot"
 
 
@@ -342,8 +385,9 @@ def test_prefix_aware_scores_the_prefill_saved_beyond_a_shared_system_prompt():
 
 def test_prefix_aware_ties_are_spread_and_weights_apply():
     candidates = [target("r1", local=True), target("r2", local=True)]
-    firsts = {names(PrefixAware().plan(REQ, candidates, Health(), random.Random(s)))[0]
-              for s in range(30)}
+    firsts = {
+        names(PrefixAware().plan(REQ, candidates, Health(), random.Random(s)))[0] for s in range(30)
+    }
     assert firsts == {"r1", "r2"}
     kv_only = PrefixAware(PrefixAwareStrategy(w_prefix=0, w_queue=0, w_kv=1))
     health = Health(r1=TargetHealth(kv_usage=0.9), r2=TargetHealth(kv_usage=0.2))
@@ -367,12 +411,18 @@ def test_predictions():
     assert cost_usd(REQ, target("x")) is None
     assert cost_usd(REQ, target("x", price=per_mtok(2, 8))) == pytest.approx(0.0028)
     assert (fmt_s(0.42), fmt_s(1.25), fmt_usd(0.0002), fmt_usd(1.5), fmt_usd(0)) == (
-        "420ms", "1.2s", "$0.0002", "$1.50", "$0")
+        "420ms",
+        "1.2s",
+        "$0.0002",
+        "$1.50",
+        "$0",
+    )
 
 
 def test_predictions_from_the_ttft_model():
-    h = TargetHealth(ttft_s=9.0, tpot_s=0.01, ttft_base_s=0.5, ttft_per_token_s=1e-4,
-                     ttft_spread=0.25)
+    h = TargetHealth(
+        ttft_s=9.0, tpot_s=0.01, ttft_base_s=0.5, ttft_per_token_s=1e-4, ttft_spread=0.25
+    )
     long = RouteRequest(model="a", prompt_tokens=10_000, max_tokens=100)
     assert ttft_s(long, h) == pytest.approx(1.5)  # the fit, not the 9 s mean
     assert ttft_s(REQ, h) == pytest.approx(0.6)
@@ -396,26 +446,30 @@ STEADY = TargetHealth(ttft_s=0.6, ttft_base_s=0.35, ttft_per_token_s=4e-5, ttft_
 
 
 def summarise(prompt_tokens):
-    return RouteRequest(model="a", prompt_tokens=prompt_tokens, max_tokens=300,
-                        slo_ttft_ms=4000)
+    return RouteRequest(model="a", prompt_tokens=prompt_tokens, max_tokens=300, slo_ttft_ms=4000)
 
 
 def test_slo_predicts_from_the_prompt_and_the_tail():
     health = Health(cheap=CHEAP, steady=STEADY)
-    candidates = [target("steady", price=per_mtok(0.4, 1.6)),
-                  target("cheap", price=per_mtok(0.1, 0.4))]
+    candidates = [
+        target("steady", price=per_mtok(0.4, 1.6)),
+        target("cheap", price=per_mtok(0.1, 0.4)),
+    ]
     short = Slo().plan(summarise(5000), candidates, health, random.Random(0))
     # cheap: 0.8 + 0.3 = 1.1 s, tail 1.1 x e^(1.28 x 0.5) = 2.1 s <= 4 s
     assert names(short) == ["cheap", "steady"]
-    assert short[0].reason == ("slo: cheapest meeting ttft<=4000ms (predicted 1.1s (tail 2.1s), "
-                               "$0.00062 est.)")
+    assert short[0].reason == (
+        "slo: cheapest meeting ttft<=4000ms (predicted 1.1s (tail 2.1s), $0.00062 est.)"
+    )
     long = Slo().plan(summarise(30_000), candidates, health, random.Random(0))
     # cheap: 0.8 + 1.8 = 2.6 s, under 4 s on average, but its tail is 4.9 s; steady: 1.6 s
     assert names(long) == ["steady", "cheap"]
     assert long[1].reason == "slo: misses ttft<=4000ms; closest left (predicted 2.6s (tail 4.9s))"
     # The mean alone (z = 0) would send the long prompt to the cheap model.
     assert names(Slo(z=0).plan(summarise(30_000), candidates, health, random.Random(0))) == [
-        "cheap", "steady"]
+        "cheap",
+        "steady",
+    ]
 
 
 def test_slo_orders_infeasible_targets_by_the_objective_it_has():

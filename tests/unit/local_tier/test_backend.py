@@ -35,7 +35,10 @@ def test_no_cpuinfo_means_no_native_bf16(tmp_path: Path) -> None:
     ],
 )
 def test_prefill_weights_follow_the_cpu(
-    monkeypatch: pytest.MonkeyPatch, native: bool, platform: str, configured: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    native: bool,
+    platform: str,
+    configured: str | None,
     expected: str,
 ) -> None:
     monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: native)
