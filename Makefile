@@ -25,6 +25,7 @@ serve: setup  ## run the gateway on the shipped config (no API keys needed)
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 typecheck: lint
