@@ -9,7 +9,7 @@ fallback, settle, ledger row, log line, headers) is ``serve_chat``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -17,6 +17,7 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from core.errors import GatewayError
+from core.protocols import CallContext
 from core.wire import (
     ChatChunk,
     ChatRequest,
@@ -32,6 +33,7 @@ from gateway.request.scope import Scope
 from gateway.request.stream import StreamCodec, sse_headers, sse_response
 from policies.response_cache import chunks_of
 from routers.planner import Plan
+from routers.targets import Target
 
 _JSON = "application/json"
 
@@ -55,7 +57,17 @@ class Ingress(Protocol):
         ...
 
     def codec(self, record: RequestRecord) -> StreamCodec[StreamPart]:
-        """The stream writer for this request."""
+        """The stream writer for this request (``record.trace.served_by`` says which
+        target's stream it writes)."""
+        ...
+
+    def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
+        """A call in the client's own dialect when ``target`` speaks it (the body passed
+        through, no round trip through the canonical form), else None: the canonical call."""
+        ...
+
+    def native_stream(self, target: Target, ctx: CallContext) -> AsyncIterator[StreamPart] | None:
+        """The streaming twin of ``native_call``."""
         ...
 
 
@@ -88,9 +100,12 @@ async def serve_chat(
         scope.use_provider_caches()
         if req.stream:
             return await _open_stream(scope, ingress, plan, cache)
-        result: ChatResult = await scope.call(
-            req.model, plan, lambda t: t.provider.chat(req, record.call_context(t, upstream_body))
-        )
+
+        def call(target: Target) -> Awaitable[ChatResult]:
+            ctx = record.call_context(target, upstream_body)
+            return ingress.native_call(target, ctx) or target.provider.chat(req, ctx)
+
+        result: ChatResult = await scope.call(req.model, plan, call)
     except BaseException as exc:
         await scope.close(*scope.fail(exc))
         raise
@@ -109,9 +124,12 @@ async def _open_stream(
     req = ingress.chat
     upstream = msgspec.structs.replace(req, stream_options=StreamOptions(include_usage=True))
     body = ingress.upstream_body
-    first, rest = await scope.open_stream(
-        req.model, plan, lambda t: t.provider.stream_chat(upstream, record.call_context(t, body))
-    )
+
+    def stream(target: Target) -> AsyncIterator[StreamPart]:
+        ctx = record.call_context(target, body)
+        return ingress.native_stream(target, ctx) or target.provider.stream_chat(upstream, ctx)
+
+    first, rest = await scope.open_stream(req.model, plan, stream)
     return sse_response(scope, first, rest, _Caching(ingress.codec(record), cache))
 
 

@@ -3,17 +3,20 @@ client's body is forwarded to OpenAI-compatible upstreams, their bytes answered 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
 
 from core.errors import GatewayError
+from core.protocols import CallContext
 from core.wire import ChatRequest, ChatResult, StreamPart, encoder
 from gateway.http import sse
 from gateway.http.errors import decode_body
 from gateway.request.chat_flow import serve_chat
 from gateway.request.record import RequestRecord
+from routers.targets import Target
 
 _decoder = msgspec.json.Decoder(ChatRequest)
 
@@ -39,6 +42,12 @@ class ChatIngress:
 
     def codec(self, record: RequestRecord) -> ChatStreamCodec:
         return ChatStreamCodec(record, self.chat.wants_usage_in_stream())
+
+    def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
+        return None  # every target gets the canonical request
+
+    def native_stream(self, target: Target, ctx: CallContext) -> AsyncIterator[StreamPart] | None:
+        return None
 
 
 class ChatStreamCodec:

@@ -4,12 +4,14 @@ canonical request; errors in Anthropic's shape on these routes."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
 
 from core.errors import GatewayError
+from core.protocols import CallContext
 from core.wire import ChatResult, StreamPart, encoder
 from gateway.dialects.anthropic_messages import (
     MessagesIngress,
@@ -26,6 +28,7 @@ from gateway.request.record import RequestRecord
 from gateway.request.routing_view import estimate_prompt_tokens
 from gateway.request.scope import Scope
 from gateway.request.stream import StreamCodec
+from routers.targets import Target
 
 PATH = "/v1/messages"
 
@@ -101,3 +104,9 @@ class MessagesAdapter:
             include_thinking=self.ingress.wants_thinking,
         )
         return CanonicalStreamCodec(record, encoder_)
+
+    def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
+        return None  # every target gets the canonical request
+
+    def native_stream(self, target: Target, ctx: CallContext) -> AsyncIterator[StreamPart] | None:
+        return None

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
 
 from core.errors import InvalidRequestError
+from core.protocols import CallContext
 from core.wire import ChatResult, StreamPart, encoder
 from gateway.dialects.responses import (
     ResponsesIngress,
@@ -22,6 +24,7 @@ from gateway.dialects.responses import (
 from gateway.request.chat_flow import CanonicalStreamCodec, serve_chat
 from gateway.request.record import RequestRecord
 from gateway.request.stream import StreamCodec
+from routers.targets import Target
 
 
 @post("/v1/responses", status_code=200)
@@ -57,3 +60,9 @@ class ResponsesAdapter:
     def codec(self, record: RequestRecord) -> StreamCodec[StreamPart]:
         encoder_ = StreamEncoder(self.ingress, self.response_id, self.created_at)
         return CanonicalStreamCodec(record, encoder_)
+
+    def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
+        return None  # every target gets the canonical request
+
+    def native_stream(self, target: Target, ctx: CallContext) -> AsyncIterator[StreamPart] | None:
+        return None
