@@ -23,6 +23,8 @@ from core.config_routing import (
     RetryBudgetConfig,
     SaturationConfig,
     StrategyConfig,
+    expand_strategy_shorthand,
+    strategy_hint,
 )
 from core.config_tenants import AuthConfig, LedgerConfig, Price, StateConfig, TenantConfig
 
@@ -269,7 +271,9 @@ def parse_config(text: str | bytes) -> Config:
     sections_known = set(Config.__struct_fields__) - {"source"}
     errors = [f"{key}: unknown section" for key in raw if key not in sections_known]
     providers = _decode_mapping(raw.get("providers"), "providers", ProviderConfig, errors)
-    models = _decode_mapping(raw.get("models"), "models", ModelConfig, errors)
+    raw_models = expand_strategy_shorthand(raw.get("models"))
+    models = _decode_mapping(raw_models, "models", ModelConfig, errors)
+    errors = [strategy_hint(error) for error in errors]
     tenants = _decode_mapping(raw.get("tenants"), "tenants", TenantConfig, errors)
     sections: dict[str, Any] = {}
     for key, kind in _SECTIONS.items():

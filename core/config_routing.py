@@ -3,7 +3,7 @@ budget, admission queue, local-replica saturation, prompt caching and the respon
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
@@ -66,6 +66,37 @@ StrategyConfig = (
     | PrefixAwareStrategy
     | RoundRobinStrategy
 )
+
+
+STRATEGY_NAMES: tuple[str, ...] = tuple(
+    str(kind.__struct_config__.tag) for kind in StrategyConfig.__args__
+)
+STRATEGY_FORMS = (
+    "accepted: a name (`strategy: slo`) or a mapping with `type` and that strategy's "
+    "settings (`strategy: {type: slo, tail_z: 1.3}`); names: " + ", ".join(STRATEGY_NAMES)
+)
+
+
+def expand_strategy_shorthand(models: Any) -> Any:
+    """``models`` from the YAML with ``strategy: <name>`` turned into ``{type: <name>}``
+    (that strategy with its default settings); anything else is left for the decoder to
+    judge. The README names strategies, so people write the bare name."""
+    if not isinstance(models, dict):
+        return models
+    return {alias: _expand(entry) for alias, entry in models.items()}
+
+
+def _expand(entry: Any) -> Any:
+    if isinstance(entry, dict) and isinstance(entry.get("strategy"), str):
+        return {**entry, "strategy": {"type": entry["strategy"]}}
+    return entry
+
+
+def strategy_hint(error: str) -> str:
+    """``error`` with the accepted strategy forms appended when it is about a strategy."""
+    if ".strategy:" in error or ".strategy.type:" in error:
+        return f"{error} ({STRATEGY_FORMS})"
+    return error
 
 
 class BreakerConfig(_Strict, frozen=True):

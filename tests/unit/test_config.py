@@ -98,3 +98,25 @@ def test_missing_file_is_a_config_error(tmp_path):
 def test_empty_file_is_an_empty_config():
     config = parse_config("")
     assert config.providers == {} and config.models == {}
+
+
+@pytest.mark.parametrize("name", ["priority", "slo", "prefix_aware", "round_robin"])
+def test_a_bare_strategy_name_means_its_defaults(name):
+    text = f"""
+providers: {{p: {{type: openai}}}}
+models:
+  a: {{targets: [{{provider: p, model: m}}], strategy: {name}}}
+  b: {{targets: [{{provider: p, model: m}}], strategy: {{type: {name}}}}}
+"""
+    config = parse_config(text)
+    assert config.models["a"].strategy == config.models["b"].strategy
+
+
+@pytest.mark.parametrize("strategy", ["nope", "{type: nope}", "3", "{type: slo, nope: 1}"])
+def test_strategy_errors_show_the_accepted_forms(strategy):
+    text = f"providers: {{p: {{type: openai}}}}\nmodels:\n  a: {{targets: [{{provider: p, model: m}}], strategy: {strategy}}}\n"
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text)
+    (error,) = raised.value.errors
+    assert error.startswith("models.a.strategy")
+    assert "`strategy: slo`" in error and "round_robin" in error
