@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -246,3 +247,38 @@ def test_rows_name_their_endpoint(
     assert by_id["dialect-messages"]["endpoint"] == "messages"
     assert by_id["dialect-responses"]["endpoint"] == "responses"
     assert by_id["dialect-messages"]["completion_tokens"] == 5
+
+
+# -- recorded agent turns, replayed to every target kind --------------------------------------
+
+DIALECTS = Path(__file__).resolve().parents[1] / "fixtures" / "dialects"
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[len("event: ") :] for line in text.splitlines() if line.startswith("event: ")]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_claude_code_turn_reaches_every_target_kind(gateway: Gateway, vendor: str) -> None:
+    """The shape Claude Code sends (system blocks with cache_control, seven tools, tool_use /
+    tool_result history, thinking, streaming) answered as Anthropic's event stream."""
+    body = json.loads((DIALECTS / "claude_code_turn.json").read_text())
+    body["model"] = f"{vendor}-ok"
+    answer = httpx.post(gateway.url + "/v1/messages", json=body, timeout=30.0)
+    assert answer.status_code == 200, answer.text
+    events = sse_events(answer.text)
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "content_block_delta" in events and "error" not in events
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_codex_turn_reaches_every_target_kind(gateway: Gateway, vendor: str) -> None:
+    """The shape Codex CLI sends (instructions, function tools, function_call and its
+    output in the history, reasoning effort, store false, streaming)."""
+    body = json.loads((DIALECTS / "codex_turn.json").read_text())
+    body["model"] = f"{vendor}-ok"
+    answer = httpx.post(gateway.base_url + "/responses", json=body, timeout=30.0)
+    assert answer.status_code == 200, answer.text
+    events = sse_events(answer.text)
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert "response.output_text.delta" in events
