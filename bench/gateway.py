@@ -49,6 +49,34 @@ BODY = json.dumps(
     }
 ).encode()
 STREAM_BODY = BODY[:-1] + b',"stream":true}'
+# The same conversation in each client dialect: (path, body), for --dialects.
+DIALECTS: dict[str, tuple[str, bytes]] = {
+    "chat": ("/v1/chat/completions", BODY),
+    "messages": (
+        "/v1/messages",
+        json.dumps(
+            {
+                "model": "bench",
+                "system": "You are a helpful assistant.",
+                "messages": [{"role": "user", "content": "Say hello in a friendly way, please."}],
+                "temperature": 0.2,
+                "max_tokens": 64,
+            }
+        ).encode(),
+    ),
+    "responses": (
+        "/v1/responses",
+        json.dumps(
+            {
+                "model": "bench",
+                "instructions": "You are a helpful assistant.",
+                "input": "Say hello in a friendly way, please.",
+                "temperature": 0.2,
+                "max_output_tokens": 64,
+            }
+        ).encode(),
+    ),
+}
 
 
 def wait_http(url: str, timeout: float = 60) -> None:
@@ -112,12 +140,12 @@ def cpu_seconds(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def run_wrk(port: int, path: str, seconds: int) -> tuple[float, int]:
+def run_wrk(port: int, path: str, seconds: int, body: bytes = BODY) -> tuple[float, int]:
     """(requests/s, completed requests) for a closed-loop POST load with 64 connections."""
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
     script.write_text(
         "wrk.method='POST'\nwrk.headers['Content-Type']='application/json'\n"
-        f"wrk.body=[[{BODY.decode()}]]\n"
+        f"wrk.body=[[{body.decode()}]]\n"
     )
     out = subprocess.run(
         [
@@ -197,6 +225,14 @@ def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) 
             fixed_rate(port, "/v1/chat/completions", STREAM_BODY, args.rate / 3, args.seconds / 2)
         )
         rss = worker.memory_info().rss / 2**20
+        per_dialect = {}
+        for name in args.dialects.split(","):
+            path, body = DIALECTS[name]
+            run_wrk(port, path, 1, body)  # warm-up
+            cpu0 = cpu_seconds(worker)
+            dialect_rps, dialect_done = run_wrk(port, path, args.seconds, body)
+            per_dialect[name] = (cpu_seconds(worker) - cpu0) / dialect_done * 1000
+            per_dialect[name + "_rps"] = dialect_rps
     finally:
         proc.terminate()
         proc.wait(10)
@@ -208,6 +244,7 @@ def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) 
         "ttft50": pct([f for f, _ in streams], 50),
         "ttft99": pct([f for f, _ in streams], 99),
         "rss": rss,
+        **per_dialect,
     }
 
 
@@ -231,6 +268,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rate", type=float, default=300.0)
     parser.add_argument("--servers", default="uvicorn,granian")
+    parser.add_argument(
+        "--dialects",
+        default="chat",
+        help="also CPU per request per client dialect: chat,messages,responses",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("bench needs wrk: apt-get install wrk")
@@ -253,6 +295,11 @@ def main() -> None:
                     f"{r['ttft50'] - direct['ttft50']:.2f} ms p99 {r['ttft99'] - direct['ttft99']:.2f} ms, "
                     f"RSS {r['rss']:.0f} MiB"
                 )
+                for name in args.dialects.split(","):
+                    print(
+                        f"{server:8s} {name:9s} gateway CPU {r[name]:.3f} ms/req, "
+                        f"{r[name + '_rps']:.0f} req/s on one core"
+                    )
     finally:
         upstream.terminate()
         upstream.wait(10)
