@@ -56,3 +56,4 @@ class UsageRow(Struct, frozen=True, kw_only=True):
     fallbacks: int = 0
     cache_hit: bool = False
     client_request_id: str | None = None
+    usage_estimated: bool = False  # a cut stream: the prompt estimate + the text streamed

@@ -195,6 +195,7 @@ class CanonicalStreamCodec:
 
     def frame(self, part: StreamPart) -> bytes:
         chunk = part.chunk
+        self.record.streamed(chunk)
         if chunk.usage is not None:
             self.record.usage = chunk.usage
         for choice in chunk.choices:

@@ -13,7 +13,7 @@ from litestar import Request
 from core.errors import GatewayError
 from core.protocols import CallContext
 from core.tenancy import OPEN, Principal, UsageRow
-from core.wire import Usage
+from core.wire import ChatChunk, Usage, make_usage
 from routers.executor import Trace
 from routers.targets import Target
 
@@ -53,6 +53,8 @@ class RequestRecord:
         self.stream = False
         self.trace = Trace()
         self.usage: Usage | None = None
+        self.usage_estimated = False  # a stream cut before the upstream reported usage
+        self.streamed_chars = 0  # generated text sent so far (content, reasoning, tool args)
         self.ttft_s: float | None = None
         self.principal: Principal = OPEN
         # x-ratelimit-*, cache and queue reports; error responses carry them too
@@ -80,6 +82,25 @@ class RequestRecord:
     def echo_id(self) -> str:
         """What ``x-request-id`` answers: the client's id when it sent one, else ours."""
         return self.client_request_id or self.request_id
+
+    def streamed(self, chunk: ChatChunk) -> None:
+        """Count the generated text of a chunk that is being sent to the client."""
+        for choice in chunk.choices:
+            delta = choice.delta
+            self.streamed_chars += len(delta.content or "") + len(delta.reasoning_content or "")
+            for call in delta.tool_calls or ():
+                if call.function is not None:
+                    self.streamed_chars += len(call.function.arguments or "")
+
+    def estimate_cut_usage(self, prompt_tokens: int) -> None:
+        """A stream that ended before the upstream's usage chunk (the client left, or the
+        upstream failed mid-stream) still cost upstream tokens: bill the prompt estimate
+        and the text streamed so far (characters / 4, at least 1 token), marked estimated."""
+        if self.usage is not None or self.streamed_chars == 0 or self.cache_hit:
+            return
+        completion = max(1, -(-self.streamed_chars // 4))
+        self.usage = make_usage(prompt_tokens, completion)
+        self.usage_estimated = True
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
@@ -127,6 +148,7 @@ class RequestRecord:
             fallbacks=self.trace.fallbacks,
             cache_hit=self.cache_hit,
             client_request_id=self.client_request_id,
+            usage_estimated=self.usage_estimated,
         )
 
     def finish(self, status: int, error: GatewayError | None = None) -> None:
@@ -159,6 +181,7 @@ class RequestRecord:
             cost_usd=round(self.cost_usd, 8),
             queue_ms=round(self.queue_s * 1000, 2),
             cache_hit=self.cache_hit,
+            usage_estimated=self.usage_estimated,
             error=_error_name(error),
         )
 

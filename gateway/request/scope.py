@@ -294,6 +294,8 @@ class Scope:
         try:
             admission = await self._admitted()
             if admission is not None:
+                if self.route is not None:
+                    record.estimate_cut_usage(self.route.prompt_tokens)
                 record.cost_usd = self._cost()
                 usage = record.usage
                 tokens = usage.total_tokens if usage and not record.cache_hit else 0

@@ -64,6 +64,7 @@ class ChatStreamCodec:
 
     def frame(self, part: StreamPart) -> bytes:
         chunk = part.chunk
+        self.record.streamed(chunk)
         if chunk.usage is not None:
             self.record.usage = chunk.usage
             if not chunk.choices and not self.wants_usage:

@@ -44,7 +44,7 @@ RAW_COLUMNS: tuple[str, ...] = (
     "key_id", "model", "provider", "ResourceId", "endpoint", "stream", "status", "error",
     "prompt_tokens", "completion_tokens", "cached_tokens", "ConsumedQuantity", "ConsumedUnit",
     "BilledCost", "EffectiveCost", "BillingCurrency", "ttft_ms", "latency_ms", "queue_ms",
-    "attempts", "fallbacks", "cache_hit", "client_request_id",
+    "attempts", "fallbacks", "cache_hit", "client_request_id", "usage_estimated",
 )  # fmt: skip
 GROUP_COLUMNS: tuple[str, ...] = (
     "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "SubAccountId", "key_id",
@@ -197,6 +197,7 @@ def raw_record(row: UsageRow) -> dict[str, Any]:
         "fallbacks": row.fallbacks,
         "cache_hit": row.cache_hit,
         "client_request_id": row.client_request_id,
+        "usage_estimated": row.usage_estimated,
     }
 
 

@@ -108,6 +108,14 @@ async def test_disconnect_storm_leaves_one_row_each_and_no_lease(world: World) -
     by_id = {r["client_request_id"]: r for r in rows}
     assert {by_id[rid]["status"] for rid in left} == {499}
     assert {by_id[rid]["status"] for rid in done} == {200}
+    # A stream cut after text was sent still bills it (estimated: the upstream's usage
+    # chunk never came); requests cut before any text bill nothing.
+    for rid in left:
+        row = by_id[rid]
+        cut_mid_stream = rid.startswith("mid-")
+        assert row["usage_estimated"] is cut_mid_stream, row
+        assert (row["completion_tokens"] >= 1) is cut_mid_stream, row
+    assert not any(by_id[rid]["usage_estimated"] for rid in done)
 
     used = world.settled("storm")
     assert used["concurrency"] == 0, (used, world.log())
