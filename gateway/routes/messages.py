@@ -1,6 +1,14 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API
-(Claude Code, the ``anthropic`` SDKs) in front of every target kind, translated through the
-canonical request; errors in Anthropic's shape on these routes."""
+(Claude Code, the ``anthropic`` SDKs) in front of every target kind; errors in Anthropic's
+shape on these routes.
+
+Anthropic targets get the client's body passed through (``providers.anthropic.passthrough``:
+only ``model`` replaced, unsigned thinking blocks dropped, the client's ``anthropic-beta``
+forwarded) and their answer's bytes forwarded back; other targets get the canonical request
+and their answer is translated. Either way the answer's ``model`` is the alias the client
+asked for (in the JSON and in ``message_start``): the client sees one model whichever target
+served it, also after a fallback between an Anthropic and another target. The upstream's own
+name is in the ``x-switchyard-upstream-model`` header."""
 
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from gateway.request.record import RequestRecord
 from gateway.request.routing_view import estimate_prompt_tokens
 from gateway.request.scope import Scope
 from gateway.request.stream import StreamCodec
+from providers.anthropic import AnthropicProvider, passthrough
 from routers.targets import Target
 
 PATH = "/v1/messages"
@@ -41,7 +50,8 @@ def anthropic_shape(exc: GatewayError, request_id: str | None) -> tuple[int, byt
 
 @post("/v1/messages", status_code=200)
 async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
-    return await serve_chat(request, "messages", MessagesAdapter.decode)
+    beta = request.headers.get(passthrough.BETA)
+    return await serve_chat(request, "messages", lambda raw: MessagesAdapter.decode(raw, beta))
 
 
 @post("/v1/messages/count_tokens", status_code=200)
@@ -79,34 +89,101 @@ def _with_max_tokens(raw: bytes) -> bytes:
 
 
 class MessagesAdapter:
-    """The Messages dialect around the canonical request."""
+    """The Messages dialect around the canonical request, with the client's body passed
+    through to Anthropic targets. ``beta`` is the client's ``anthropic-beta`` header, which
+    only those targets get (the canonical call has no headers from the client)."""
 
-    def __init__(self, ingress: MessagesIngress) -> None:
+    def __init__(self, ingress: MessagesIngress, beta: str | None = None) -> None:
         self.ingress = ingress
         self.chat = ingress.request
         self.upstream_body = encoder.encode(ingress.request)  # OpenAI-compatible targets
+        self.beta = beta
+        self._native: ChatResult | None = None  # the answer of a passthrough call, if any
 
     @classmethod
-    def decode(cls, raw: bytes) -> MessagesAdapter:
+    def decode(cls, raw: bytes, beta: str | None = None) -> MessagesAdapter:
         if json_depth_exceeds(raw):
             raise too_deep()
-        return cls(decode_request(raw))
+        return cls(decode_request(raw), beta)
 
     def body(self, result: ChatResult) -> bytes:
+        """Anthropic's own JSON (``model`` set to the alias) when an Anthropic target answered
+        the passed-through body, else the canonical answer translated."""
+        if result is self._native and result.raw is not None:
+            return passthrough.with_model(result.raw, self.chat.model)
         return encode_response(
             result.response, self.chat.model, include_thinking=self.ingress.wants_thinking
         )
 
     def codec(self, record: RequestRecord) -> StreamCodec[StreamPart]:
+        """Anthropic's events forwarded when an Anthropic target serves the stream, else the
+        canonical chunks encoded as Anthropic's events."""
         encoder_ = StreamEncoder(
             self.chat.model,
             message_id(record.request_id),
             include_thinking=self.ingress.wants_thinking,
         )
+        served = record.trace.served_by
+        if served is not None and _anthropic(served) is not None:
+            return PassthroughCodec(record, encoder_, self.chat.model)
         return CanonicalStreamCodec(record, encoder_)
 
     def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
-        return None  # every target gets the canonical request
+        provider = _anthropic(target)
+        if provider is None:
+            return None
+        return self._remember(passthrough.call(provider, self.ingress.raw, ctx, self.beta))
 
     def native_stream(self, target: Target, ctx: CallContext) -> AsyncIterator[StreamPart] | None:
-        return None
+        provider = _anthropic(target)
+        if provider is None:
+            return None
+        return passthrough.stream(provider, self.ingress.raw, ctx, self.beta)
+
+    async def _remember(self, call: Awaitable[ChatResult]) -> ChatResult:
+        # Only the result of the call that succeeded is kept: after a fallback from an
+        # Anthropic target to another one, ``body`` sees a result that is not this one.
+        self._native = await call
+        return self._native
+
+
+def _anthropic(target: Target) -> AnthropicProvider | None:
+    """The target's provider when it speaks the Messages API itself."""
+    provider = target.provider
+    return provider if isinstance(provider, AnthropicProvider) else None
+
+
+class PassthroughCodec:
+    """Forwards an Anthropic target's events as they came (``message_start`` names the
+    alias), keeping the usage its chunks carry for the record. ``message_stop`` is held
+    back for ``end``: the ledger row is committed before the last event, as for every
+    stream, so a client that hangs up on it is not counted as gone. A failure after the
+    stream started ends it with Anthropic's ``error`` event."""
+
+    def __init__(self, record: RequestRecord, encoder_: StreamEncoder, model: str) -> None:
+        self.record = record
+        self.encoder = encoder_
+        self.model = model
+        self.last = b""
+
+    def start(self) -> bytes:
+        return b""  # Anthropic's own message_start comes as the first part
+
+    def frame(self, part: StreamPart) -> bytes:
+        if part.chunk.usage is not None:
+            self.record.usage = part.chunk.usage
+        if part.raw is None:  # only passthrough parts reach this codec; nothing to forward
+            return b""
+        if part.raw.startswith(_MESSAGE_STOP):
+            self.last = part.raw
+            return b""
+        return passthrough.event_with_model(part.raw, self.model)
+
+    def end(self) -> bytes:
+        return self.last
+
+    def error(self, exc: GatewayError) -> bytes:
+        return self.encoder.error(exc)
+
+
+_MESSAGE_STOP = b"event: message_stop\n"
