@@ -54,6 +54,10 @@ class OpenAIProviderConfig(ProviderBase, tag="openai", tag_field="type", frozen=
     """Any OpenAI-compatible API (OpenAI, Groq, Together, Mistral, DeepSeek, Ollama, vLLM)."""
 
     base_url: str = "https://api.openai.com/v1"
+    # Whether the API serves OpenAI's Responses API (``POST /responses``): then requests to
+    # the gateway's /v1/responses are passed through to it. None = auto: only OpenAI's own
+    # base_url (Groq, Together, vLLM and other compatibles vary).
+    responses_api: bool | None = None
 
 
 class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True):

@@ -22,7 +22,7 @@ from core.wire import (
     encoder,
 )
 from providers.http import HttpProvider, iter_sse, mapped_errors, timeout_for
-from providers.openai import wire
+from providers.openai import responses, wire
 
 _DONE = "[DONE]"
 
@@ -46,6 +46,7 @@ class OpenAIProvider(HttpProvider):
         self._prompt_cache_key = not isinstance(config, VllmProviderConfig)
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
+        self.responses_api = speaks_responses(config)
 
     def _request(self, path: str, body: bytes, ctx: CallContext) -> httpx.Request:
         return self.client.build_request(
@@ -120,6 +121,35 @@ class OpenAIProvider(HttpProvider):
         finally:
             await response.aclose()
 
+    async def responses(self, ctx: CallContext) -> ChatResult:
+        """The client's Responses body (``ctx.raw_body``) passed through to
+        ``{base_url}/responses``; ``raw`` is the upstream's answer as received."""
+        body = self._responses_body(ctx)
+        data = await self._post("/responses", body, ctx)
+        with mapped_errors(self.name):
+            return ChatResult(responses.decode_response(data), raw=data)
+
+    async def stream_responses(self, ctx: CallContext) -> AsyncIterator[StreamPart]:
+        """The streaming twin of ``responses``: one part per upstream event, the event's
+        bytes in ``raw``, up to the terminal event (see ``responses.StreamReader``)."""
+        request = self._request("/responses", self._responses_body(ctx), ctx)
+        response = await self.send(request, wire.read_error, stream=True)
+        reader = responses.StreamReader(self.name)
+        try:
+            with mapped_errors(self.name):
+                async for event in iter_sse(response):
+                    yield StreamPart(reader.chunk(event), raw=responses.event_bytes(event))
+                    if reader.done:
+                        return
+                reader.check_ended()
+        finally:
+            await response.aclose()
+
+    def _responses_body(self, ctx: CallContext) -> bytes:
+        if ctx.raw_body is None:
+            raise ValueError("a Responses passthrough needs the client's body in ctx.raw_body")
+        return responses.forward_body(ctx.raw_body, ctx.upstream_model)
+
     def _stream_error(self, data: bytes) -> Exception:
         message, _ = wire.read_error(data)
         return UpstreamServerError(
@@ -127,3 +157,16 @@ class OpenAIProvider(HttpProvider):
             provider=self.name,
             code="upstream_stream_error",
         )
+
+
+_OPENAI_API = "https://api.openai.com/v1"
+
+
+def speaks_responses(config: OpenAIProviderConfig | VllmProviderConfig) -> bool:
+    """Whether the upstream serves the Responses API: as configured, else (auto) only
+    OpenAI's own API; a local vLLM worker never is asked."""
+    if isinstance(config, VllmProviderConfig):
+        return False
+    if config.responses_api is not None:
+        return config.responses_api
+    return config.base_url.rstrip("/") == _OPENAI_API
