@@ -128,6 +128,7 @@ class PassthroughCodec:
 
     def frame(self, part: StreamPart) -> bytes:
         chunk = part.chunk
+        self.record.streamed(chunk)  # what a cut stream bills when no usage came
         if chunk.usage is not None:
             self.record.usage = chunk.usage
         self.response_id = chunk.id or self.response_id

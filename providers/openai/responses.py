@@ -60,6 +60,7 @@ class _Content(msgspec.Struct):
 
 class _Item(msgspec.Struct):
     type: str = ""
+    id: str | None = None
     content: list[_Content] | None = None
     call_id: str | None = None
     name: str | None = None
@@ -100,6 +101,8 @@ class _Event(msgspec.Struct):
     type: str = ""
     delta: str | msgspec.Raw | None = None
     response: _Response | None = None
+    item: _Item | None = None
+    item_id: str | None = None
     message: str | None = None
     code: str | None = None
 
@@ -176,17 +179,20 @@ class StreamReader:
     """Reads one upstream Responses stream, event by event, into canonical chunks.
 
     ``chunk(event)`` returns the canonical chunk for one event: a text delta for
-    ``response.output_text.delta``; for the terminal event the tool calls, finish reason
-    and usage of the whole response (so the response cache can fold a complete answer);
-    no choices otherwise. An ``error`` event raises (the gateway then writes its own error
-    events, or falls back before the first part). ``done`` turns true after a terminal
-    event; ``check_ended()`` raises when the stream stopped before one.
+    ``response.output_text.delta``; a tool-call delta for a ``function_call`` item added
+    (id, name) and for ``response.function_call_arguments.delta``, as a chat stream sends
+    them (so the response cache and the cut-stream estimate see the whole answer); the
+    finish reason and usage for the terminal event; no choices otherwise. An ``error``
+    event raises (the gateway then writes its own error events, or falls back before the
+    first part). ``done`` turns true after a terminal event; ``check_ended()`` raises
+    when the stream stopped before one.
     """
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
         self.done = False
         self._id, self._created, self._model = "", 0, ""
+        self._calls: dict[str, int] = {}  # function_call item id -> canonical tool index
 
     def chunk(self, event: ServerSentEvent) -> ChatChunk:
         parsed = _event_decoder.decode(event.data)
@@ -201,13 +207,32 @@ class StreamReader:
             self._remember(parsed.response)
         choices: list[ChunkChoice] = []
         usage: Usage | None = None
-        if kind == "response.output_text.delta" and isinstance(parsed.delta, str):
-            choices = [ChunkChoice(0, Delta(content=parsed.delta))]
+        delta = self._delta(kind, parsed)
+        if delta is not None:
+            choices = [ChunkChoice(0, delta)]
         elif kind in TERMINAL and parsed.response is not None:
             self.done = True
-            choices = [_final_choice(parsed.response)]
-            usage = _usage(parsed.response.usage)
+            response = parsed.response
+            reason = _finish_reason(response, _tool_calls(response))
+            choices = [ChunkChoice(0, Delta(), finish_reason=reason)]
+            usage = _usage(response.usage)
         return ChatChunk(self._id, self._created, self._model, choices, usage=usage)
+
+    def _delta(self, kind: str, parsed: _Event) -> Delta | None:
+        """The canonical delta of a text or tool-call event, else None."""
+        text = parsed.delta if isinstance(parsed.delta, str) else None
+        if kind == "response.output_text.delta" and text is not None:
+            return Delta(content=text)
+        item = parsed.item
+        if kind == "response.output_item.added" and item and item.type == "function_call":
+            index = self._calls.setdefault(item.id or "", len(self._calls))
+            function = FunctionDelta(item.name or "", item.arguments or "")
+            call = ToolCallDelta(index, id=item.call_id, type="function", function=function)
+            return Delta(tool_calls=[call])
+        index_of = self._calls.get(parsed.item_id or "")
+        if kind == "response.function_call_arguments.delta" and text and index_of is not None:
+            return Delta(tool_calls=[ToolCallDelta(index_of, function=FunctionDelta(None, text))])
+        return None
 
     def check_ended(self) -> None:
         if not self.done:
@@ -220,21 +245,6 @@ class StreamReader:
         self._id = response.id or self._id
         self._created = int(response.created_at) or self._created
         self._model = response.model or self._model
-
-
-def _final_choice(response: _Response) -> ChunkChoice:
-    calls = _tool_calls(response)
-    deltas = [
-        ToolCallDelta(
-            index,
-            id=call.id,
-            type="function",
-            function=FunctionDelta(call.function.name, call.function.arguments),
-        )
-        for index, call in enumerate(calls)
-    ]
-    delta = Delta(tool_calls=deltas or None)
-    return ChunkChoice(0, delta, finish_reason=_finish_reason(response, calls))
 
 
 def event_bytes(event: ServerSentEvent) -> bytes:

@@ -132,14 +132,17 @@ async def test_stream_forwards_every_event(served) -> None:
     assert parts[-1].chunk.id == "resp_upstream123"
 
 
-async def test_stream_function_call_folds_into_the_last_chunk(served) -> None:
+async def test_stream_function_call_arrives_as_tool_call_deltas(served) -> None:
     async with openai_at(served[1] + "/v1") as provider:
         stream = provider.stream_responses(ctx("m-tool", {**BODY, "stream": True}))
         parts = [p async for p in stream]
     (choice,) = parts[-1].chunk.choices
     assert choice.finish_reason == "tool_calls"
-    assert choice.delta.tool_calls[0].function.name == "get_weather"
-    assert any(b"response.function_call_arguments.delta" in p.raw for p in parts)
+    calls = [c for p in parts for ch in p.chunk.choices for c in ch.delta.tool_calls or []]
+    assert (calls[0].id, calls[0].function.name) == ("call_abc", "get_weather")
+    assert {c.index for c in calls} == {0}
+    arguments = "".join(c.function.arguments or "" for c in calls)
+    assert json.loads(arguments) == {"city": "Paris"}
 
 
 @pytest.mark.parametrize(

@@ -133,13 +133,17 @@ def test_stream_text_events_arrive_as_sent(oai: openai.OpenAI) -> None:
 def test_mid_stream_failure_ends_with_the_dialects_error_events(served) -> None:
     gateway, _ = served
     body = {"model": "pt-stream-error", "input": "hi", "stream": True}
-    with httpx.stream("POST", gateway.base_url + "/responses", json=body) as response:
+    headers = {"x-request-id": "pt-cut"}
+    url = gateway.base_url + "/responses"
+    with httpx.stream("POST", url, json=body, headers=headers) as response:
         text = response.read().decode()
     events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     assert events[0]["type"] == "response.created"
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[-1]["response"]["id"] == "resp_upstream123"
+    ledger = row(gateway, "pt-cut")  # no usage came: the streamed text is billed
+    assert ledger["usage_estimated"] is True and ledger["completion_tokens"] >= 1
 
 
 @pytest.mark.parametrize("alias", ["pt-429", "pt-500"])
