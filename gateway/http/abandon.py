@@ -33,6 +33,12 @@ from litestar.types import Scope as ASGIScope
 SCOPE_KEY = "switchyard.scope"
 
 
+# A request's body is read; if it has not finished this long after, start listening for a
+# disconnect. Quick requests (most of them, and every benchmark) then never pay for the
+# listening task; a client leaving within this time is noticed this much later.
+WATCH_AFTER_S = 0.05
+
+
 class _Exchange:
     """One HTTP exchange as the middleware sees it."""
 
@@ -41,23 +47,33 @@ class _Exchange:
         self._receive = receive
         self._send = send
         self._task = asyncio.current_task()
+        self._body_read = False
+        self._timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Future[ReceiveMessage] | None = None
         self.started = False  # the response's first message was sent
         self.finished = False  # the application returned or raised
         self.cancelled_by_us = False
 
     async def receive(self) -> ReceiveMessage:
-        if self._watcher is not None:
-            return await asyncio.shield(self._watcher)
+        if self._body_read:  # the next message can only be the disconnect
+            return await asyncio.shield(self._watch())
         message = await self._receive()
         if message["type"] == "http.request" and not message.get("more_body", False):
-            self._watcher = asyncio.ensure_future(self._receive())
-            self._watcher.add_done_callback(self._on_message)
+            self._body_read = True
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(WATCH_AFTER_S, self._watch)
         return message
 
     async def send(self, message: Message) -> None:
         self.started = True
         await self._send(message)
+
+    def _watch(self) -> asyncio.Future[ReceiveMessage]:
+        """The task reading the next ASGI message (started once, when first needed)."""
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._receive())
+            self._watcher.add_done_callback(self._on_message)
+        return self._watcher
 
     def _on_message(self, watcher: asyncio.Future[ReceiveMessage]) -> None:
         if watcher.cancelled() or watcher.exception() is not None:
@@ -71,6 +87,8 @@ class _Exchange:
             self._task.cancel()
 
     def stop_watching(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if self._watcher is not None and not self._watcher.done():
             self._watcher.cancel()
 

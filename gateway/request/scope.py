@@ -221,14 +221,17 @@ class Scope:
         down and the tenant fails closed)."""
         first = plan.ordered[0] if plan.ordered else None
         cost = estimate_cost(first.price if first else None, est_prompt, est_output)
-        self._admitting = asyncio.create_task(
-            self.runtime.quotas.admit(
-                self.record.principal, est_prompt + est_output, cost, self.record.request_id
-            )
-        )
-        # Shielded: a client that leaves while the store answers must not orphan a
-        # reservation that was made; ``close`` settles it.
-        self.admission = await asyncio.shield(self._admitting)
+        quotas, principal = self.runtime.quotas, self.record.principal
+        admit = quotas.admit(principal, est_prompt + est_output, cost, self.record.request_id)
+        if quotas.admits_without_io(principal):
+            # Nothing to await on (no limits, or the memory store): a cancellation can only
+            # land after the admission is recorded, so no task is needed.
+            self.admission = await admit
+        else:
+            # Shielded: a client that leaves while the store answers must not orphan a
+            # reservation that was made; ``close`` settles it.
+            self._admitting = asyncio.create_task(admit)
+            self.admission = await asyncio.shield(self._admitting)
         self.record.extra_headers.update(self.admission.headers())
 
     async def prefer_sticky(self, plan: Plan, req: ChatRequest) -> None:

@@ -57,6 +57,7 @@ from policies.quotas.releases import PendingReleases
 from policies.quotas.scripts import ADMIT, PEEK, SETTLE
 from policies.quotas.windows import bounds
 from policies.store.base import Store, StoreUnavailableError, Value
+from policies.store.memory import MemoryStore
 
 _log = structlog.get_logger("switchyard.quotas")
 
@@ -150,6 +151,13 @@ class QuotaManager:
             base = f"{plan.base}:k:{key_id}"
             out += [Check(s, key_for(s, base, now), amounts[s.metric]) for s in plan.key_specs]
         return tuple(out)
+
+    def admits_without_io(self, principal: Principal) -> bool:
+        """True when ``admit`` for ``principal`` never waits on I/O: the principal has no
+        limits here, or the store is this process's memory store (whose scripts run
+        without awaiting anything)."""
+        tenant = principal.tenant
+        return tenant is None or tenant not in self._plans or isinstance(self.store, MemoryStore)
 
     async def admit(
         self, principal: Principal, est_tokens: int, est_cost_usd: float, request_id: str
