@@ -9,20 +9,11 @@ import httpx
 import pytest
 
 from tests.fixtures.fake_openai import FakeOpenAI
-from tests.fixtures.server import serve
 from tests.integration.gateway_harness import Gateway, running_gateway
 
 USER = [{"role": "user", "content": "hi"}]
 ROUTES = ("/chat/completions", "/completions", "/embeddings")
 MAX_JSON_DEPTH = 128  # gateway.http.errors.MAX_JSON_DEPTH, spelled out: the contract under test
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    app = FakeOpenAI()
-    with serve(app) as server:
-        app.url = server.url  # type: ignore[attr-defined]
-        yield app
 
 
 @pytest.fixture(scope="module")
