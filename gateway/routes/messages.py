@@ -170,6 +170,7 @@ class PassthroughCodec:
         return b""  # Anthropic's own message_start comes as the first part
 
     def frame(self, part: StreamPart) -> bytes:
+        self.record.streamed(part.chunk)  # what a cut stream bills when no usage came
         if part.chunk.usage is not None:
             self.record.usage = part.chunk.usage
         if part.raw is None:  # only passthrough parts reach this codec; nothing to forward
