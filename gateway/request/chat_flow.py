@@ -30,7 +30,13 @@ from core.wire import (
 from gateway.request import caching
 from gateway.request.record import RequestRecord
 from gateway.request.scope import Scope
-from gateway.request.stream import StreamCodec, sse_headers, sse_response
+from gateway.request.stream import (
+    StreamCodec,
+    encode_all,
+    keep_chunk,
+    sse_headers,
+    sse_response,
+)
 from policies.response_cache import chunks_of
 from routers.planner import Plan
 from routers.targets import Target
@@ -130,7 +136,8 @@ async def _open_stream(
         return ingress.native_stream(target, ctx) or target.provider.stream_chat(upstream, ctx)
 
     first, rest = await scope.open_stream(req.model, plan, stream)
-    return sse_response(scope, first, rest, _Caching(ingress.codec(record), cache))
+    codec = _Caching(ingress.codec(record), cache)
+    return sse_response(scope, first, rest, codec, keep_chunk)
 
 
 async def _replay(scope: Scope, ingress: Ingress, hit: ChatResponse) -> Response[Any]:
@@ -145,9 +152,8 @@ async def _replay(scope: Scope, ingress: Ingress, hit: ChatResponse) -> Response
     codec = ingress.codec(record)
     record.first_byte()
     parts = [StreamPart(chunk) for chunk in chunks_of(hit, include_usage=True)]
-    frames = [codec.start(), *(codec.frame(p) for p in parts), codec.end()]
     return Stream(
-        _iterate([f for f in frames if f]),
+        _iterate(encode_all(record, parts, codec, keep_chunk)),
         media_type="text/event-stream",
         headers=sse_headers(record),
     )
@@ -183,7 +189,8 @@ class _Caching:
 
 class CanonicalStreamCodec:
     """Adapts a dialect's chunk encoder (``start``/``feed``/``finish``/``error``) to a
-    ``StreamCodec``: keeps the usage and finish reason the record and the last events need."""
+    ``StreamCodec``: the last events get the usage the record kept and the finish reason
+    the chunks said."""
 
     def __init__(self, record: RequestRecord, encoder: ChunkEncoder) -> None:
         self.record = record
@@ -195,9 +202,6 @@ class CanonicalStreamCodec:
 
     def frame(self, part: StreamPart) -> bytes:
         chunk = part.chunk
-        self.record.streamed(chunk)
-        if chunk.usage is not None:
-            self.record.usage = chunk.usage
         for choice in chunk.choices:
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason

@@ -41,7 +41,7 @@ class ChatIngress:
         return result.raw if result.raw is not None else encoder.encode(result.response)
 
     def codec(self, record: RequestRecord) -> ChatStreamCodec:
-        return ChatStreamCodec(record, self.chat.wants_usage_in_stream())
+        return ChatStreamCodec(self.chat.wants_usage_in_stream())
 
     def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
         return None  # every target gets the canonical request
@@ -53,10 +53,10 @@ class ChatIngress:
 class ChatStreamCodec:
     """OpenAI's chat SSE: each chunk as ``data: <json>`` (the upstream's own bytes when it
     sent them), ``data: [DONE]`` at the end. The usage-only chunk (the gateway always asks
-    for it, for its accounting) reaches the client only when it asked."""
+    for it, for its accounting; the body has kept its usage) reaches the client only when it
+    asked."""
 
-    def __init__(self, record: RequestRecord, wants_usage: bool) -> None:
-        self.record = record
+    def __init__(self, wants_usage: bool) -> None:
         self.wants_usage = wants_usage
 
     def start(self) -> bytes:
@@ -64,11 +64,8 @@ class ChatStreamCodec:
 
     def frame(self, part: StreamPart) -> bytes:
         chunk = part.chunk
-        self.record.streamed(chunk)
-        if chunk.usage is not None:
-            self.record.usage = chunk.usage
-            if not chunk.choices and not self.wants_usage:
-                return b""
+        if chunk.usage is not None and not chunk.choices and not self.wants_usage:
+            return b""
         return sse.frame(part.raw if part.raw is not None else encoder.encode(chunk))
 
     def end(self) -> bytes:

@@ -13,10 +13,9 @@ from core.protocols import CompletionProvider
 from core.wire import CompletionRequest, RawResult, RawStreamPart
 from gateway.http import sse
 from gateway.http.errors import decode_body
-from gateway.request.record import RequestRecord
 from gateway.request.routing_view import completion_output_tokens
 from gateway.request.scope import Scope, body_tokens
-from gateway.request.stream import sse_response
+from gateway.request.stream import keep_raw, sse_response
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
 
@@ -46,7 +45,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
                 lambda t: cast(CompletionProvider, t.provider).stream_complete(req, ctx(t, raw)),
             )
             wants_usage = req.stream_options is not None and req.stream_options.include_usage
-            return sse_response(scope, first, rest, RawStreamCodec(record, wants_usage))
+            return sse_response(scope, first, rest, RawStreamCodec(wants_usage), keep_raw)
         result: RawResult = await scope.call(
             req.model,
             plan,
@@ -60,18 +59,16 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
 
 class RawStreamCodec:
     """The upstream's own SSE events, passed through; usage-only events reach the client
-    only when it asked for them (the gateway always asks, for its accounting)."""
+    only when it asked for them (the gateway always asks, for its accounting: ``keep_raw``
+    keeps their usage)."""
 
-    def __init__(self, record: RequestRecord, wants_usage: bool) -> None:
-        self.record = record
+    def __init__(self, wants_usage: bool) -> None:
         self.wants_usage = wants_usage
 
     def start(self) -> bytes:
         return b""
 
     def frame(self, part: RawStreamPart) -> bytes:
-        if part.usage is not None:
-            self.record.usage = part.usage
         return sse.frame(part.data) if part.has_choices or self.wants_usage else b""
 
     def end(self) -> bytes:

@@ -125,7 +125,7 @@ class MessagesAdapter:
         )
         served = record.trace.served_by
         if served is not None and _anthropic(served) is not None:
-            return PassthroughCodec(record, encoder_, self.chat.model)
+            return PassthroughCodec(encoder_, self.chat.model)
         return CanonicalStreamCodec(record, encoder_)
 
     def native_call(self, target: Target, ctx: CallContext) -> Awaitable[ChatResult] | None:
@@ -155,13 +155,12 @@ def _anthropic(target: Target) -> AnthropicProvider | None:
 
 class PassthroughCodec:
     """Forwards an Anthropic target's events as they came (``message_start`` names the
-    alias), keeping the usage its chunks carry for the record. ``message_stop`` is held
+    alias; the body keeps the text and usage their chunks carry). ``message_stop`` is held
     back for ``end``: the ledger row is committed before the last event, as for every
     stream, so a client that hangs up on it is not counted as gone. A failure after the
     stream started ends it with Anthropic's ``error`` event."""
 
-    def __init__(self, record: RequestRecord, encoder_: StreamEncoder, model: str) -> None:
-        self.record = record
+    def __init__(self, encoder_: StreamEncoder, model: str) -> None:
         self.encoder = encoder_
         self.model = model
         self.last = b""
@@ -170,9 +169,6 @@ class PassthroughCodec:
         return b""  # Anthropic's own message_start comes as the first part
 
     def frame(self, part: StreamPart) -> bytes:
-        self.record.streamed(part.chunk)  # what a cut stream bills when no usage came
-        if part.chunk.usage is not None:
-            self.record.usage = part.chunk.usage
         if part.raw is None:  # only passthrough parts reach this codec; nothing to forward
             return b""
         if part.raw.startswith(_MESSAGE_STOP):

@@ -111,10 +111,10 @@ def _passthrough(target: Target) -> OpenAIProvider | None:
 
 
 class PassthroughCodec:
-    """Forwards an upstream Responses stream event by event as received; keeps the usage
-    for the record. A mid-stream failure ends it with the dialect's ``error`` and
-    ``response.failed`` events, numbered after the upstream's last event and naming the
-    upstream's response id."""
+    """Forwards an upstream Responses stream event by event as received (the body keeps the
+    text and usage of their chunks). A mid-stream failure ends it with the dialect's
+    ``error`` and ``response.failed`` events, numbered after the upstream's last event,
+    naming the upstream's response id and the usage the record kept."""
 
     def __init__(self, record: RequestRecord, ingress: ResponsesIngress) -> None:
         self.record = record
@@ -128,9 +128,6 @@ class PassthroughCodec:
 
     def frame(self, part: StreamPart) -> bytes:
         chunk = part.chunk
-        self.record.streamed(chunk)  # what a cut stream bills when no usage came
-        if chunk.usage is not None:
-            self.record.usage = chunk.usage
         self.response_id = chunk.id or self.response_id
         self.created_at = chunk.created or self.created_at
         self.sent += 1
