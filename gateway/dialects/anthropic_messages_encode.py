@@ -1,13 +1,11 @@
 """The Anthropic Messages dialect: response side (canonical answer -> Anthropic's wire).
 
 - ``encode_response``: a ``ChatResponse`` as an Anthropic ``message`` object.
-- ``StreamEncoder``: ``ChatChunk``\\s as Anthropic's server-sent events, in its order:
-  ``message_start``, ``ping``, per content block ``content_block_start``,
-  ``content_block_delta``\\* and ``content_block_stop``, then ``message_delta`` (stop reason,
-  usage) and ``message_stop``; or an ``error`` event.
 - ``error_body`` / ``error_status``: Anthropic's error shape for a ``GatewayError``.
+- The mappings both this and the stream (``anthropic_messages_stream.StreamEncoder``) use:
+  ids, stop reasons, usage, tool input.
 
-Mapping decisions:
+Mapping decisions (streams included):
 
 - Content order: a ``thinking`` block (from ``reasoning_content``, only when the client enabled
   thinking), then ``text`` (``content``, or ``refusal``), then one ``tool_use`` per tool call.
@@ -36,149 +34,26 @@ Mapping decisions:
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
 
 import msgspec
-from msgspec import Struct
 
 from core.errors import GatewayError
-from core.wire import AssistantMessage, ChatChunk, ChatResponse, Delta, ToolCallDelta, Usage
-
-JSONObject = dict[str, Any]
-
-
-# ---------------------------------------------------------------- message and blocks
-class TextOut(Struct, tag="text", tag_field="type"):
-    text: str
-
-
-class ThinkingOut(Struct, tag="thinking", tag_field="type"):
-    thinking: str
-    signature: str = ""
-
-
-class ToolUseOut(Struct, tag="tool_use", tag_field="type"):
-    id: str
-    name: str
-    input: JSONObject
-
-
-BlockOut = TextOut | ThinkingOut | ToolUseOut
-
-
-class ThinkingTokens(Struct):
-    thinking_tokens: int
-
-
-class UsageOut(Struct, omit_defaults=True):
-    """Message usage; the counts are always sent (required fields are never omitted)."""
-
-    input_tokens: int
-    output_tokens: int
-    cache_creation_input_tokens: int
-    cache_read_input_tokens: int
-    output_tokens_details: ThinkingTokens | None = None
-
-
-class MessageOut(Struct, tag="message", tag_field="type"):
-    """Fields in Anthropic's order (the tag, ``type``, is always encoded first)."""
-
-    id: str
-    role: Literal["assistant"]
-    model: str
-    content: list[BlockOut]
-    stop_reason: str | None
-    stop_sequence: str | None
-    usage: UsageOut
-
-
-# ---------------------------------------------------------------- stream events
-class MessageStartEvent(Struct, tag="message_start", tag_field="type"):
-    message: MessageOut
-
-
-class PingEvent(Struct, tag="ping", tag_field="type"):
-    pass
-
-
-class BlockStartEvent(Struct, tag="content_block_start", tag_field="type"):
-    index: int
-    content_block: BlockOut
-
-
-class TextDelta(Struct, tag="text_delta", tag_field="type"):
-    text: str
-
-
-class ThinkingDelta(Struct, tag="thinking_delta", tag_field="type"):
-    thinking: str
-
-
-class InputJSONDelta(Struct, tag="input_json_delta", tag_field="type"):
-    partial_json: str
-
-
-class BlockDeltaEvent(Struct, tag="content_block_delta", tag_field="type"):
-    index: int
-    delta: TextDelta | ThinkingDelta | InputJSONDelta
-
-
-class BlockStopEvent(Struct, tag="content_block_stop", tag_field="type"):
-    index: int
-
-
-class MessageDeltaBody(Struct):
-    stop_reason: str | None
-    stop_sequence: str | None
-
-
-class DeltaUsageOut(Struct, omit_defaults=True):
-    """``message_delta`` usage: cumulative counts; one left out keeps its earlier value."""
-
-    output_tokens: int
-    input_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-    output_tokens_details: ThinkingTokens | None = None
-
-
-class MessageDeltaEvent(Struct, tag="message_delta", tag_field="type"):
-    delta: MessageDeltaBody
-    usage: DeltaUsageOut
-
-
-class MessageStopEvent(Struct, tag="message_stop", tag_field="type"):
-    pass
-
-
-class ErrorInfo(Struct):
-    type: str
-    message: str
-
-
-class ErrorOut(Struct, tag="error", tag_field="type", omit_defaults=True):
-    error: ErrorInfo
-    request_id: str | None = None
-
-
-Event = (
-    MessageStartEvent
-    | PingEvent
-    | BlockStartEvent
-    | BlockDeltaEvent
-    | BlockStopEvent
-    | MessageDeltaEvent
-    | MessageStopEvent
-    | ErrorOut
+from core.wire import AssistantMessage, ChatResponse, Usage
+from gateway.dialects.anthropic_messages_wire import (
+    BlockOut,
+    DeltaUsageOut,
+    ErrorInfo,
+    ErrorOut,
+    JSONObject,
+    MessageOut,
+    TextOut,
+    ThinkingOut,
+    ThinkingTokens,
+    ToolUseOut,
+    UsageOut,
 )
 
 _encoder = msgspec.json.Encoder()
-
-
-def sse(event: Event) -> bytes:
-    """``event: <type>\\ndata: <json>\\n\\n``, as Anthropic frames every event."""
-    name = str(event.__struct_config__.tag)
-    return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
 
 
 # ---------------------------------------------------------------- shared mappings
@@ -189,7 +64,7 @@ def message_id(seed: str) -> str:
     return "msg_" + seed.removeprefix("chatcmpl-")
 
 
-def _tool_use_id(call_id: str | None) -> str:
+def tool_use_id(call_id: str | None) -> str:
     """The call's id, or a fresh ``toolu_`` one for upstreams that send none."""
     return call_id or "toolu_" + os.urandom(12).hex()
 
@@ -297,7 +172,7 @@ def content_blocks(message: AssistantMessage, include_thinking: bool) -> list[Bl
         blocks.append(TextOut(text))
     for call in message.tool_calls or ():
         name, arguments = call.function.name, call.function.arguments
-        blocks.append(ToolUseOut(_tool_use_id(call.id), name, tool_input(arguments)))
+        blocks.append(ToolUseOut(tool_use_id(call.id), name, tool_input(arguments)))
     return blocks
 
 
@@ -338,156 +213,10 @@ def error_message(exc: GatewayError) -> str:
     return exc.message
 
 
-def _error(exc: GatewayError, request_id: str | None) -> ErrorOut:
+def error_out(exc: GatewayError, request_id: str | None) -> ErrorOut:
     return ErrorOut(ErrorInfo(error_type(exc.status), error_message(exc)), request_id)
 
 
 def error_body(exc: GatewayError, request_id: str | None = None) -> bytes:
     """``{"type": "error", "error": {"type": ..., "message": ...}, "request_id": ...}``."""
-    return _encoder.encode(_error(exc, request_id))
-
-
-# ---------------------------------------------------------------- streaming
-BlockKind = Literal["text", "thinking"] | int
-"""The open block: text, thinking, or the tool_use of this OpenAI tool-call index."""
-
-
-class _PendingCall:
-    """A tool call seen without its name yet: its block cannot start before the name."""
-
-    def __init__(self) -> None:
-        self.id: str | None = None
-        self.arguments: list[str] = []
-
-
-class StreamEncoder:
-    """Canonical chunks in, Anthropic SSE bytes out, for one answer.
-
-    Call ``start`` once, ``feed`` per chunk, then ``finish`` (or ``error``); each returns
-    the bytes to write (possibly empty). Blocks are numbered in the order they open; a block
-    closes when another kind starts. Only choice 0 is read (this ingress never asks for n >
-    1). Upstreams that interleave parallel tool calls get their later argument pieces sent to
-    the block they belong to, after its ``content_block_stop``: the SDK accumulates by index,
-    and dropping them would corrupt the input.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        message_id: str,
-        *,
-        input_tokens: int = 0,
-        include_thinking: bool = True,
-    ) -> None:
-        self.model = model
-        self.message_id = message_id
-        self.input_tokens = input_tokens
-        self.include_thinking = include_thinking
-        self.finish_reason: str | None = None
-        self.usage: Usage | None = None
-        self.done = False
-        self._open: BlockKind | None = None
-        self._index = -1  # the index of the latest block
-        self._blocks: dict[int, int] = {}  # tool-call index -> block index
-        self._pending: dict[int, _PendingCall] = {}
-
-    def start(self) -> bytes:
-        """``message_start`` (empty content, the input tokens known so far) and a ``ping``."""
-        usage = UsageOut(self.input_tokens, 0, 0, 0)
-        message = MessageOut(self.message_id, "assistant", self.model, [], None, None, usage)
-        return sse(MessageStartEvent(message)) + sse(PingEvent())
-
-    def feed(self, chunk: ChatChunk) -> bytes:
-        """The events for one chunk; remembers its finish reason and usage for ``finish``."""
-        if self.done:
-            return b""
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        out: list[bytes] = []
-        for choice in chunk.choices:
-            if choice.index != 0:
-                continue
-            self._delta(choice.delta, out)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-        return b"".join(out)
-
-    def finish(
-        self,
-        usage: Usage | None = None,
-        finish_reason: str | None = None,
-        *,
-        stop_sequence: str | None = None,
-    ) -> bytes:
-        """Close the open block, then ``message_delta`` (stop reason, cumulative usage) and
-        ``message_stop``. Arguments override what the chunks said."""
-        if self.done:
-            return b""
-        out: list[bytes] = []
-        for index in list(self._pending):  # a call whose name never came still ends a block
-            self._start_call(index, "", out)
-        self._close(out)
-        self.done = True
-        reason = stop_reason(finish_reason or self.finish_reason, bool(self._blocks), stop_sequence)
-        body = MessageDeltaBody(reason, stop_sequence)
-        out.append(sse(MessageDeltaEvent(body, delta_usage(usage or self.usage))))
-        out.append(sse(MessageStopEvent()))
-        return b"".join(out)
-
-    def error(self, exc: GatewayError, request_id: str | None = None) -> bytes:
-        """The ``error`` event that ends a stream which failed after it started."""
-        self.done = True
-        return sse(_error(exc, request_id))
-
-    # ------------------------------------------------------------ blocks
-    def _delta(self, delta: Delta, out: list[bytes]) -> None:
-        if delta.reasoning_content and self.include_thinking:
-            self._open_kind("thinking", out)
-            out.append(sse(BlockDeltaEvent(self._index, ThinkingDelta(delta.reasoning_content))))
-        text = delta.content or delta.refusal
-        if text:
-            self._open_kind("text", out)
-            out.append(sse(BlockDeltaEvent(self._index, TextDelta(text))))
-        for call in delta.tool_calls or ():
-            self._tool_delta(call, out)
-
-    def _open_kind(self, kind: Literal["text", "thinking"], out: list[bytes]) -> None:
-        if self._open == kind:
-            return
-        self._close(out)
-        self._begin(TextOut("") if kind == "text" else ThinkingOut(""), out)
-        self._open = kind
-
-    def _tool_delta(self, call: ToolCallDelta, out: list[bytes]) -> None:
-        function = call.function
-        arguments = function.arguments if function else None
-        block = self._blocks.get(call.index)
-        if block is not None:
-            if arguments:
-                out.append(sse(BlockDeltaEvent(block, InputJSONDelta(arguments))))
-            return
-        pending = self._pending.setdefault(call.index, _PendingCall())
-        pending.id = call.id or pending.id
-        if arguments:
-            pending.arguments.append(arguments)
-        if function is not None and function.name:
-            self._start_call(call.index, function.name, out)
-
-    def _start_call(self, index: int, name: str, out: list[bytes]) -> None:
-        pending = self._pending.pop(index)
-        self._close(out)
-        self._begin(ToolUseOut(_tool_use_id(pending.id), name, {}), out)
-        self._open = index
-        self._blocks[index] = self._index
-        if pending.arguments:
-            piece = InputJSONDelta("".join(pending.arguments))
-            out.append(sse(BlockDeltaEvent(self._index, piece)))
-
-    def _begin(self, block: BlockOut, out: list[bytes]) -> None:
-        self._index += 1
-        out.append(sse(BlockStartEvent(self._index, block)))
-
-    def _close(self, out: list[bytes]) -> None:
-        if self._open is not None:
-            out.append(sse(BlockStopEvent(self._index)))
-            self._open = None
+    return _encoder.encode(error_out(exc, request_id))

@@ -23,13 +23,27 @@ parallel calls still yields whole arguments in every ``done`` event.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
-
-import msgspec
-from msgspec import Struct
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from core.errors import GatewayError
 from core.wire import ChatChunk, ToolCallDelta, Usage
+from gateway.dialects.responses_events import (
+    ArgsDelta,
+    ArgsDone,
+    ErrorEvent,
+    Event,
+    ItemEvent,
+    Lifecycle,
+    PartEvent,
+    RefusalDelta,
+    RefusalDone,
+    SummaryDelta,
+    SummaryDone,
+    SummaryPart,
+    TextDelta,
+    TextDone,
+    sse,
+)
 from gateway.dialects.responses_wire import (
     FunctionCallItem,
     ItemIds,
@@ -52,136 +66,6 @@ if TYPE_CHECKING:
     from gateway.dialects.responses import ResponsesIngress
 
 PartKind = Literal["output_text", "refusal"]
-
-
-# ---------------------------------------------------------------- event shapes
-class _Lifecycle(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    response: ResponseObject
-
-
-class _ItemEvent(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    output_index: int
-    item: OutputItem
-
-
-class _PartEvent(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    part: OutputText | OutputRefusal
-
-
-class _TextDelta(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    delta: str
-    logprobs: list[Any] = []
-
-
-class _TextDone(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    text: str
-    logprobs: list[Any] = []
-
-
-class _RefusalDelta(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    delta: str
-
-
-class _RefusalDone(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    refusal: str
-
-
-class _SummaryPart(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    summary_index: int
-    part: SummaryText
-
-
-class _SummaryDelta(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    summary_index: int
-    delta: str
-
-
-class _SummaryDone(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    summary_index: int
-    text: str
-
-
-class _ArgsDelta(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    delta: str
-
-
-class _ArgsDone(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    arguments: str
-
-
-class _ErrorEvent(Struct, kw_only=True):
-    type: str
-    sequence_number: int
-    code: str | None
-    message: str
-    param: str | None
-
-
-_Event = (
-    _Lifecycle
-    | _ItemEvent
-    | _PartEvent
-    | _TextDelta
-    | _TextDone
-    | _RefusalDelta
-    | _RefusalDone
-    | _SummaryPart
-    | _SummaryDelta
-    | _SummaryDone
-    | _ArgsDelta
-    | _ArgsDone
-    | _ErrorEvent
-)
-_ENCODER = msgspec.json.Encoder()
 
 
 # ---------------------------------------------------------------- open items
@@ -281,7 +165,7 @@ class StreamEncoder:
             return b""
         self._ended = True
         self._emit(
-            _ErrorEvent(
+            ErrorEvent(
                 type="error",
                 sequence_number=self._next(),
                 code=exc.code or exc.type,
@@ -311,7 +195,7 @@ class StreamEncoder:
             self._emit(self._summary_part("response.reasoning_summary_part.added", current, ""))
         current.texts.append(text)
         self._emit(
-            _SummaryDelta(
+            SummaryDelta(
                 type="response.reasoning_summary_text.delta",
                 sequence_number=self._next(),
                 item_id=current.item.id,
@@ -337,9 +221,9 @@ class StreamEncoder:
         current.texts.append(text)
         where = self._where(current)
         if kind == "output_text":
-            self._emit(_TextDelta(type="response.output_text.delta", delta=text, **where))
+            self._emit(TextDelta(type="response.output_text.delta", delta=text, **where))
         else:
-            self._emit(_RefusalDelta(type="response.refusal.delta", delta=text, **where))
+            self._emit(RefusalDelta(type="response.refusal.delta", delta=text, **where))
 
     def _call(self, delta: ToolCallDelta) -> None:
         if not isinstance(self._open, dict):
@@ -368,7 +252,7 @@ class StreamEncoder:
             state.fragments.append(fragment)
             state.item.arguments = "".join(state.fragments)
             self._emit(
-                _ArgsDelta(
+                ArgsDelta(
                     type="response.function_call_arguments.delta",
                     sequence_number=self._next(),
                     item_id=state.item.id,
@@ -401,7 +285,7 @@ class StreamEncoder:
         if not send:
             return
         self._emit(
-            _SummaryDone(
+            SummaryDone(
                 type="response.reasoning_summary_text.done",
                 sequence_number=self._next(),
                 item_id=current.item.id,
@@ -422,9 +306,9 @@ class StreamEncoder:
         if send:
             where = self._where(current)
             if current.part == "output_text":
-                self._emit(_TextDone(type="response.output_text.done", text=text, **where))
+                self._emit(TextDone(type="response.output_text.done", text=text, **where))
             else:
-                self._emit(_RefusalDone(type="response.refusal.done", refusal=text, **where))
+                self._emit(RefusalDone(type="response.refusal.done", refusal=text, **where))
             self._emit(self._part_event("response.content_part.done", current, text))
         current.item.content.append(part)
         current.part = None
@@ -434,7 +318,7 @@ class StreamEncoder:
         if not send:
             return
         self._emit(
-            _ArgsDone(
+            ArgsDone(
                 type="response.function_call_arguments.done",
                 sequence_number=self._next(),
                 item_id=call.item.id,
@@ -449,9 +333,8 @@ class StreamEncoder:
         self._seq += 1
         return self._seq - 1
 
-    def _emit(self, event: _Event) -> None:
-        payload = _ENCODER.encode(event)
-        self._out.append(b"event: " + event.type.encode() + b"\ndata: " + payload + b"\n\n")
+    def _emit(self, event: Event) -> None:
+        self._out.append(sse(event))
 
     def _flush(self) -> bytes:
         out, self._out = b"".join(self._out), []
@@ -465,7 +348,7 @@ class StreamEncoder:
         )
 
     def _lifecycle(self, kind: str, response: ResponseObject) -> None:
-        self._emit(_Lifecycle(type=kind, sequence_number=self._next(), response=response))
+        self._emit(Lifecycle(type=kind, sequence_number=self._next(), response=response))
 
     def _add(self, item: OutputItem) -> None:
         self._items.append(item)
@@ -474,7 +357,7 @@ class StreamEncoder:
     def _item_event(self, kind: str, item: OutputItem, index: int) -> None:
         # encoded now, so later changes to the item do not reach this event
         self._emit(
-            _ItemEvent(type=kind, sequence_number=self._next(), output_index=index, item=item)
+            ItemEvent(type=kind, sequence_number=self._next(), output_index=index, item=item)
         )
 
     def _where(self, current: _OpenMessage) -> _Where:
@@ -486,16 +369,16 @@ class StreamEncoder:
             content_index=len(current.item.content),
         )
 
-    def _part_event(self, kind: str, current: _OpenMessage, text: str) -> _PartEvent:
+    def _part_event(self, kind: str, current: _OpenMessage, text: str) -> PartEvent:
         assert current.part is not None
-        return _PartEvent(part=self._part(current.part, text), type=kind, **self._where(current))
+        return PartEvent(part=self._part(current.part, text), type=kind, **self._where(current))
 
     @staticmethod
     def _part(kind: PartKind, text: str) -> OutputText | OutputRefusal:
         return OutputText(text) if kind == "output_text" else OutputRefusal(text)
 
-    def _summary_part(self, kind: str, current: _OpenReasoning, text: str) -> _SummaryPart:
-        return _SummaryPart(
+    def _summary_part(self, kind: str, current: _OpenReasoning, text: str) -> SummaryPart:
+        return SummaryPart(
             type=kind,
             sequence_number=self._next(),
             item_id=current.item.id,

@@ -6,42 +6,36 @@ writes the document from the msgspec wire types instead (``core/wire.py``), one 
 per route the app registers, and ``publish`` encodes it once per app: the route answers the
 same cached bytes every time and needs no credentials (the document holds no secrets).
 
-Every route of the app appears in the document. One that has no entry in ``OPERATIONS``
-still appears, with a generic operation marked ``x-switchyard-undocumented`` (so a new
-route cannot silently vanish from the document, and the unit test names it).
+What the document says about each route is ``openapi_operations.OPERATIONS``; this module
+builds the document from it. Every route of the app appears in the document. One that has
+no entry in ``OPERATIONS`` still appears, with a generic operation marked
+``x-switchyard-undocumented`` (so a new route cannot silently vanish from the document, and
+the unit test names it).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.routes import HTTPRoute
 
-from core.wire import (
-    ChatRequest,
-    ChatResponse,
-    CompletionRequest,
-    EmbeddingRequest,
-    EmbeddingResponse,
-    ErrorBody,
-    ModelCard,
-    ModelList,
+from core.wire import ErrorBody
+from gateway.routes.openapi_operations import (
+    OPENAPI_PATH,
+    OPERATIONS,
+    Operation,
+    Param,
+    Schema,
 )
-from gateway.dialects.anthropic_messages import MessagesBody
-from gateway.dialects.anthropic_messages_encode import ErrorOut, MessageOut
-from gateway.dialects.responses import ResponsesBody
 
-OPENAPI_PATH = "/openapi.json"
 UNDOCUMENTED = "x-switchyard-undocumented"
 _STATE_KEY = "openapi_document"
 _REF = "#/components/schemas/{name}"
 _JSON = "application/json"
-_SSE = "text/event-stream"
 # Litestar answers these on every route by itself; they are not part of the API.
 _IMPLICIT_METHODS = frozenset({"HEAD", "OPTIONS"})
 _ERROR_TEXT = {
@@ -54,248 +48,6 @@ _ERROR_TEXT = {
     502: "Every target failed",
     503: "No usable target, shared state unreachable (fail closed), or draining",
     504: "The upstream timed out",
-}
-_CALL_ERRORS = (400, 401, 403, 404, 413, 429, 502, 503, 504)
-# With `stream: true`: one schema per event (the reading OpenAPI 3.2 makes official and
-# tools already apply to 3.1 documents), since the stream as a whole is no JSON value.
-_SSE_EVENT = {
-    "type": "object",
-    "description": "One server-sent event. `data` is a JSON chunk (`chat.completion.chunk` "
-    "or `text_completion`), an OpenAI-shaped error when the stream fails after its first "
-    "byte, or `[DONE]` at the end.",
-    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-    "required": ["data"],
-}
-
-
-# ---------------------------------------------------------------- documentation-only shapes
-class Health(msgspec.Struct):
-    """``GET /healthz``: the process answers."""
-
-    status: Literal["ok"]
-
-
-class Readiness(msgspec.Struct, omit_defaults=True):
-    """``GET /readyz``: 200 once every enabled provider is ready, else 503 with this body."""
-
-    status: Literal["ready", "starting", "failed"]
-    providers: dict[str, bool]
-    disabled: dict[str, str]
-    error: str | None = None
-
-
-class Reloaded(msgspec.Struct):
-    """``POST /admin/reload``: the aliases the new policy serves."""
-
-    status: Literal["reloaded"]
-    models: list[str]
-
-
-class TargetsView(msgspec.Struct):
-    """``GET /admin/targets``: each target's health, skipped targets, the queue's depth."""
-
-    targets: list[dict[str, Any]]
-    skipped: dict[str, list[dict[str, Any]]]
-    queue: dict[str, Any]
-
-
-class QuotaView(msgspec.Struct):
-    """``GET /admin/tenants/{tenant}/quota``: the current use of each limit."""
-
-    tenant: str
-    key_id: str | None
-    limits: dict[str, Any]
-
-
-class TokenCount(msgspec.Struct):
-    """``POST /v1/messages/count_tokens``: the estimate quotas reserve."""
-
-    input_tokens: int
-
-
-class TextCompletion(msgspec.Struct):
-    """A legacy completion as the upstream answered it (forwarded as is)."""
-
-    choices: list[dict[str, Any]]
-    object: str = "text_completion"
-
-
-# ---------------------------------------------------------------- operations
-@dataclass(frozen=True)
-class Param:
-    """One query, path or header parameter (always a string on the wire)."""
-
-    name: str
-    where: Literal["query", "path", "header"]
-    description: str
-    enum: tuple[str, ...] = ()
-    required: bool = False
-
-    def to_openapi(self) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": "string"}
-        if self.enum:
-            schema["enum"] = list(self.enum)
-        return {
-            "name": self.name,
-            "in": self.where,
-            "required": self.required or self.where == "path",
-            "description": self.description,
-            "schema": schema,
-        }
-
-
-Schema = type | Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Operation:
-    """What the document says about one (method, path): ``body`` is the JSON request body's
-    type (None: no body); ``ok`` maps the success media types to their schema; ``errors``
-    are the statuses answered in OpenAI's error shape besides the ``default`` one."""
-
-    summary: str
-    tag: str
-    auth: Literal["none", "tenant", "admin"]
-    ok: Mapping[str, Schema]
-    errors: tuple[int, ...] = ()
-    body: type | None = None
-    params: tuple[Param, ...] = ()
-    ok_status: int = 200
-    other: Mapping[int, tuple[str, Schema]] | None = None  # non-error-shaped answers
-    error: type = ErrorBody  # the route's error shape (Anthropic's on /v1/messages)
-
-
-_REQUEST_ID = Param(
-    "x-request-id", "header", "Your id for this request; echoed in the response header."
-)
-_USAGE_PARAMS = (
-    Param("tenant", "query", "Only this tenant's rows (a tenant key may name its own only)."),
-    Param("from", "query", "Start, inclusive: ISO date or datetime (UTC), or Unix seconds."),
-    Param("to", "query", "End, exclusive (a date includes that day); same forms as `from`."),
-    Param("group_by", "query", "Aggregate rows per day, model or key.", ("day", "model", "key")),
-    Param("format", "query", "Export format (default jsonl).", ("csv", "jsonl")),
-)
-_EXPORT = {"application/x-ndjson": {"type": "string"}, "text/csv": {"type": "string"}}
-
-OPERATIONS: dict[tuple[str, str], Operation] = {
-    ("POST", "/v1/chat/completions"): Operation(
-        "Create a chat completion (JSON, or SSE chunks with `stream: true`)",
-        "inference",
-        "tenant",
-        {_JSON: ChatResponse, _SSE: _SSE_EVENT},
-        _CALL_ERRORS,
-        body=ChatRequest,
-        params=(_REQUEST_ID,),
-    ),
-    ("POST", "/v1/completions"): Operation(
-        "Create a legacy text completion (JSON, or SSE with `stream: true`)",
-        "inference",
-        "tenant",
-        {_JSON: TextCompletion, _SSE: _SSE_EVENT},
-        _CALL_ERRORS,
-        body=CompletionRequest,
-        params=(_REQUEST_ID,),
-    ),
-    ("POST", "/v1/embeddings"): Operation(
-        "Create embeddings",
-        "inference",
-        "tenant",
-        {_JSON: EmbeddingResponse},
-        _CALL_ERRORS,
-        body=EmbeddingRequest,
-        params=(_REQUEST_ID,),
-    ),
-    ("POST", "/v1/messages"): Operation(
-        "Create a message in Anthropic's Messages API (JSON, or its SSE events with "
-        "`stream: true`); errors in Anthropic's shape",
-        "inference",
-        "tenant",
-        {_JSON: MessageOut, _SSE: {"type": "string"}},
-        _CALL_ERRORS,
-        body=MessagesBody,
-        params=(_REQUEST_ID,),
-        error=ErrorOut,
-    ),
-    ("POST", "/v1/messages/count_tokens"): Operation(
-        "Estimate the input tokens of a Messages request (no upstream call)",
-        "inference",
-        "tenant",
-        {_JSON: TokenCount},
-        (400, 401, 403, 404),
-        body=MessagesBody,
-        error=ErrorOut,
-    ),
-    ("POST", "/v1/responses"): Operation(
-        "Create a response in OpenAI's Responses API (JSON, or its SSE events with "
-        "`stream: true`); stateless: `previous_response_id` is refused",
-        "inference",
-        "tenant",
-        {_JSON: {"type": "object"}, _SSE: {"type": "string"}},
-        _CALL_ERRORS,
-        body=ResponsesBody,
-        params=(_REQUEST_ID,),
-    ),
-    ("GET", "/v1/models"): Operation(
-        "List the model aliases the caller may use", "models", "tenant", {_JSON: ModelList}, (401,)
-    ),
-    ("GET", "/v1/models/{model_id}"): Operation(
-        "One model alias the caller may use",
-        "models",
-        "tenant",
-        {_JSON: ModelCard},
-        (401, 404),
-        params=(Param("model_id", "path", "The alias (may contain `/`)."),),
-    ),
-    ("GET", "/healthz"): Operation("Liveness", "health", "none", {_JSON: Health}),
-    ("GET", "/readyz"): Operation(
-        "Readiness",
-        "health",
-        "none",
-        {_JSON: Readiness},
-        other={503: ("Not ready yet, or startup failed", Readiness)},
-    ),
-    ("POST", "/admin/reload"): Operation(
-        "Reload the policy file now (the old policy keeps serving when the new one is invalid)",
-        "admin",
-        "admin",
-        {_JSON: Reloaded},
-        (400, 401, 403),
-    ),
-    ("GET", "/admin/targets"): Operation(
-        "Targets' breaker state, latency, saturation and cache hit rate; queue depth",
-        "admin",
-        "admin",
-        {_JSON: TargetsView},
-        (401, 403),
-    ),
-    ("GET", "/admin/tenants/{tenant}/quota"): Operation(
-        "A tenant's (or one key's) current use of each limit, from the shared store",
-        "admin",
-        "admin",
-        {_JSON: QuotaView},
-        (401, 403, 404, 503),
-        params=(
-            Param("tenant", "path", "A configured tenant."),
-            Param("key_id", "query", "One of the tenant's keys (its own limits)."),
-        ),
-    ),
-    ("GET", "/admin/usage"): Operation(
-        "Every tenant's usage rows (admin key)",
-        "usage",
-        "admin",
-        _EXPORT,
-        (400, 401, 403, 503),
-        params=_USAGE_PARAMS,
-    ),
-    ("GET", "/v1/usage"): Operation(
-        "The calling key's tenant's usage rows",
-        "usage",
-        "tenant",
-        _EXPORT,
-        (400, 401, 403, 503),
-        params=_USAGE_PARAMS,
-    ),
-    ("GET", OPENAPI_PATH): Operation("This document", "meta", "none", {_JSON: {"type": "object"}}),
 }
 
 _SECURITY_SCHEMES = {
