@@ -102,7 +102,7 @@ def run_metrics(run: PolicyRun) -> dict[str, Any]:
         "requests": n,
         "span_s": run.span_s,
         "errors": len(errors),
-        "error_kinds": dict(Counter(e[:80] for e in errors).most_common(5)),
+        "error_kinds": dict(Counter(e[:200] for e in errors).most_common(8)),
         "cost_usd": cost,
         "cost_per_1k": cost / n * 1000 if n else 0.0,
         "classes": classes,
