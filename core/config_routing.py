@@ -37,9 +37,23 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     """The cheapest target whose predicted TTFT and total latency meet the objective (from
     the request header, the tenant or the alias); if none can, the closest first.
     ``tail_z`` picks the quantile the prediction must meet (1.2816 = p90 of a log-normal
-    spread around the prompt-length fit)."""
+    spread around the prompt-length fit).
+
+    ``default_ttft_ms``: the TTFT objective routing assumes for requests that set none
+    (null: route them by cost alone), so they too stay off targets too loaded to answer in
+    time, and leave a target that hangs once the default objective is lost (not after the
+    first-token timeout). It does not count in goodput.
+
+    Exploration: a request whose objective leaves at least half of itself as slack over
+    the cheapest feasible target tries, with probability ``explore_share``, a cheaper
+    target predicted to miss whose estimate is at least ``explore_after_s`` old, first,
+    with a first-token deadline that leaves the feasible target time to still meet the
+    objective. 0 turns exploration off."""
 
     tail_z: Annotated[float, Meta(ge=0)] = 1.2816
+    default_ttft_ms: Annotated[float, Meta(gt=0)] | None = 5000.0
+    explore_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.05
+    explore_after_s: Annotated[float, Meta(ge=0)] = 10.0
 
 
 class PrefixAwareStrategy(_Strict, tag="prefix_aware", tag_field="type", frozen=True):

@@ -141,6 +141,15 @@ class UpstreamTimeoutError(ProviderError):
     fallback_ok = True
 
 
+class AttemptDeadlineError(UpstreamTimeoutError):
+    """The gateway gave up on an attempt that had not started answering by the time the
+    request's latency objective needed it to (to leave the next target time to meet it).
+    Says the target was slow for this request, not that it failed: breakers ignore it;
+    latency statistics take the wait as a lower bound of its TTFT."""
+
+    code = "slo_deadline"
+
+
 class UpstreamConnectError(ProviderError):
     status = 502
     code = "upstream_unreachable"

@@ -65,6 +65,19 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # Root mean square of the relative TTFT prediction error (0.3: typically 30% off), for
     # tail-aware predictions; None until there is a prediction error to measure.
     ttft_spread: float | None = None
+    # How much longer than at no load the target takes to start a request dispatched now,
+    # from its learnt latency-vs-concurrency curve (``policies.load``): 1.0 = as at no load.
+    ttft_load_factor: float = 1.0
+    # Seconds since the target's last TTFT sample (None: unmeasured): how stale its
+    # estimates are, for exploration.
+    ttft_age_s: float | None = None
+    # From attempts cut at their first-token deadline (``policies.cuts``): a multiplier on
+    # the predicted TTFT (1.0: none lately) for prompts of at least
+    # ``ttft_penalty_from_tokens``, and the longest wait cut, what an otherwise unmeasured
+    # target is predicted at.
+    ttft_penalty: float = 1.0
+    ttft_floor_s: float | None = None
+    ttft_penalty_from_tokens: int = 0
 
 
 UNKNOWN = TargetHealth()

@@ -61,6 +61,7 @@ def create_app(
             models.readyz,
             admin.reload_policy,
             admin.list_targets,
+            admin.goodput,
             admin.tenant_quota,
             usage_routes.admin_usage,
             usage_routes.tenant_usage,

@@ -36,6 +36,20 @@ through the origin and the mean point instead.
 Estimates not updated for ``max_age_s`` (default 300 s) are forgotten: they read as None,
 "unmeasured", so strategies explore the target again. Without this a target measured
 slow once (or with an unlucky spread) is never chosen, hence never measured, again.
+
+Two speeds. Beside the fit above (``alpha``) a slow one (``slow_alpha``, kept for
+``slow_max_age_s``) learns from the same samples. While samples keep coming the fast fit
+is the prediction; as its last sample ages, the prediction relaxes towards the slow one
+(the fast fit's weight halves every ``relax_half_life_s``). A couple of slow answers then
+steer traffic away for a while, not until the estimate expires: a target nobody routes
+to drifts back to what it has been over the longer run, and gets traffic (and samples)
+again. ``None`` for ``relax_half_life_s`` keeps the fast fit alone.
+
+Load. Each TTFT sample may come with the number of requests the gateway already had in
+flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
+multiplier per in-flight count from those, and the fits learn from samples divided by
+their multiplier, i.e. the target's no-load TTFT. ``health(label, in_flight)`` hands the
+strategies the multiplier for the count there is now.
 """
 
 from __future__ import annotations
@@ -46,8 +60,13 @@ from msgspec import Struct
 
 from core.clock import Clock
 from core.routing import TargetHealth
+from policies.cuts import CutPenalties
+from policies.load import LoadCurve
 
 DEFAULT_MAX_AGE_S = 300.0
+CUT_ERROR = "AttemptDeadlineError"  # core.errors: an attempt cut at its first-token deadline
+DEFAULT_SLOW_ALPHA = 0.02
+DEFAULT_RELAX_HALF_LIFE_S = 30.0
 
 
 class _Ewma(Struct):
@@ -92,10 +111,39 @@ def _line(fit: _Fit) -> tuple[float, float]:
     return base, slope
 
 
+def _learn(fit: _Fit, tokens: float, seconds: float, a: float, prior_tokens: float) -> None:
+    """Fold one sample into ``fit`` (its error first, against the fit before the sample)."""
+    base, slope = _line(fit)
+    predicted = base + slope * tokens
+    ratio = seconds / predicted if predicted > 0 else 0.0
+    if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive
+        error = math.log(ratio)
+        fit.err_weight = (1 - a) * fit.err_weight + a
+        fit.err2 += a / fit.err_weight * (error * error - fit.err2)
+    fit.weight = (1 - a) * fit.weight + a
+    share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
+    # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
+    dx, dy = tokens - fit.mean_x, seconds - fit.mean_y
+    fit.mean_x += share * dx
+    fit.mean_y += share * dy
+    fit.var_x = (1 - share) * (fit.var_x + share * dx * dx)
+    fit.cov_xy = (1 - share) * (fit.cov_xy + share * dx * dy)
+    # Ridge towards the slope known so far: wide-ranging prompts (var >> prior) set it
+    # from the data; prompts of nearly one length leave it nearly where it was, so a
+    # target that now only sees short prompts still knows what long ones cost.
+    prior = prior_tokens**2
+    if fit.var_x + prior > 0:
+        fit.slope = max(0.0, (fit.cov_xy + prior * fit.slope) / (fit.var_x + prior))
+
+
+def _spread(fit: _Fit) -> float | None:
+    return math.sqrt(fit.err2) if fit.err_weight > 0 else None
+
+
 class LatencyStats:
-    """EWMAs of TTFT and TPOT and a TTFT model per target label (see the module docstring).
-    Implements ``AttemptObserver``: a successful attempt's ``ttft_s`` is a TTFT sample (for
-    a non-streamed call, the time to the whole answer)."""
+    """EWMAs of TTFT and TPOT, TTFT models at two speeds and a load curve per target label
+    (see the module docstring). Implements ``AttemptObserver``: a successful attempt's
+    ``ttft_s`` is a TTFT sample (for a non-streamed call, the time to the whole answer)."""
 
     def __init__(
         self,
@@ -104,74 +152,76 @@ class LatencyStats:
         max_age_s: float | None = DEFAULT_MAX_AGE_S,
         *,
         prior_tokens: float = 1000.0,
+        slow_alpha: float = DEFAULT_SLOW_ALPHA,
+        relax_half_life_s: float | None = DEFAULT_RELAX_HALF_LIFE_S,
     ) -> None:
-        if not 0 < alpha <= 1:
+        if not (0 < alpha <= 1 and 0 < slow_alpha <= 1):
             raise ValueError("alpha must be in (0, 1]")
         if prior_tokens < 0:
             raise ValueError("prior_tokens must be >= 0")
         self._clock = clock
         self.alpha = alpha
+        self.slow_alpha = slow_alpha
         self.max_age_s = max_age_s
+        self.slow_max_age_s = None if max_age_s is None else 12 * max_age_s
+        self.relax_half_life_s = relax_half_life_s
         self.prior_tokens = prior_tokens
+        self.load = LoadCurve(clock, alpha, max_age_s)
+        self.cuts = CutPenalties(clock)
         self._ttft: dict[str, _Ewma] = {}
         self._tpot: dict[str, _Ewma] = {}
         self._fits: dict[str, _Fit] = {}
+        self._slow: dict[str, _Fit] = {}
 
     def _update(self, table: dict[str, _Ewma], label: str, sample: float) -> None:
         now = self._clock.now()
         current = table.get(label)
-        if current is None or self._stale(current.at, now):
+        if current is None or _stale(current.at, now, self.max_age_s):
             table[label] = _Ewma(sample, now)
             return
         current.value = self.alpha * sample + (1 - self.alpha) * current.value
         current.at = now
 
-    def _stale(self, at: float, now: float) -> bool:
-        return self.max_age_s is not None and now - at > self.max_age_s
-
     def _read(self, table: dict[str, _Ewma], label: str) -> float | None:
         ewma = table.get(label)
-        if ewma is None or self._stale(ewma.at, self._clock.now()):
+        if ewma is None or _stale(ewma.at, self._clock.now(), self.max_age_s):
             return None
         return ewma.value
 
-    def _fit(self, label: str, tokens: float, seconds: float) -> None:
-        now, a = self._clock.now(), self.alpha
-        fit = self._fits.get(label)
-        if fit is None or self._stale(fit.at, now):
-            fit = self._fits[label] = _Fit(0.0, tokens, seconds, 0.0, 0.0, 0.0, 0.0, now)
-        else:
-            base, slope = _line(fit)
-            predicted = base + slope * tokens
-            ratio = seconds / predicted if predicted > 0 else 0.0
-            if 0 < ratio < math.inf:  # a log error needs both sides positive (and finite)
-                error = math.log(ratio)
-                fit.err_weight = (1 - a) * fit.err_weight + a
-                fit.err2 += a / fit.err_weight * (error * error - fit.err2)
-        fit.weight = (1 - a) * fit.weight + a
-        share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
-        # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
-        dx, dy = tokens - fit.mean_x, seconds - fit.mean_y
-        fit.mean_x += share * dx
-        fit.mean_y += share * dy
-        fit.var_x = (1 - share) * (fit.var_x + share * dx * dx)
-        fit.cov_xy = (1 - share) * (fit.cov_xy + share * dx * dy)
-        # Ridge towards the slope known so far: wide-ranging prompts (var >> prior) set
-        # it from the data; prompts of nearly one length leave it nearly where it was,
-        # so a target that now only sees short prompts still knows what long ones cost.
-        prior = self.prior_tokens**2
-        if fit.var_x + prior > 0:
-            fit.slope = max(0.0, (fit.cov_xy + prior * fit.slope) / (fit.var_x + prior))
+    def _fit(self, fits: dict[str, _Fit], label: str, x: float, y: float, slow: bool) -> None:
+        now = self._clock.now()
+        fit = fits.get(label)
+        if fit is None or _stale(fit.at, now, self.slow_max_age_s if slow else self.max_age_s):
+            fit = fits[label] = _Fit(0.0, x, y, 0.0, 0.0, 0.0, 0.0, now)
+        _learn(fit, x, y, self.slow_alpha if slow else self.alpha, self.prior_tokens)
         fit.at = now
 
-    def observe_ttft(self, label: str, seconds: float, prompt_tokens: int | None = None) -> None:
+    def observe_ttft(
+        self,
+        label: str,
+        seconds: float,
+        prompt_tokens: int | None = None,
+        in_flight: int | None = None,
+    ) -> None:
         """One time-to-first-token sample (negative samples are ignored). With the
-        request's ``prompt_tokens`` (>= 0) it also updates the TTFT model."""
+        request's ``prompt_tokens`` (>= 0) it also updates the TTFT models; with the
+        ``in_flight`` count it was sent at, the load curve too (see the docstring). It
+        clears the target's cut penalty (``policies.cuts``)."""
         if seconds < 0:
             return
-        self._update(self._ttft, label, seconds)
+        self.cuts.sampled(label, prompt_tokens)
+        factor = 1.0
+        if in_flight is not None:
+            factor = self.load.factor(label, in_flight)
+            model = self.ttft_model(label)
+            if model is not None and prompt_tokens is not None:
+                self.load.observe(label, in_flight, seconds, model.predict(prompt_tokens))
+        no_load = seconds / factor
+        self._update(self._ttft, label, no_load)
         if prompt_tokens is not None and prompt_tokens >= 0:
-            self._fit(label, float(prompt_tokens), seconds)
+            x = float(prompt_tokens)
+            self._fit(self._fits, label, x, no_load, slow=False)
+            self._fit(self._slow, label, x, no_load, slow=True)
 
     def observe_tokens(self, label: str, tokens: int, seconds: float) -> None:
         """``tokens`` output tokens generated in ``seconds`` after the first one; one TPOT
@@ -183,29 +233,66 @@ class LatencyStats:
         """(TTFT seconds, TPOT seconds); None where there is no fresh data."""
         return self._read(self._ttft, label), self._read(self._tpot, label)
 
-    def ttft_model(self, label: str) -> TtftModel | None:
-        """The fitted TTFT model, or None before any sample with prompt tokens (or when
-        stale)."""
-        fit = self._fits.get(label)
-        if fit is None or self._stale(fit.at, self._clock.now()):
-            return None
-        base, slope = _line(fit)
-        spread = math.sqrt(fit.err2) if fit.err_weight > 0 else None
-        return TtftModel(base, slope, spread)
+    def sample_age(self, label: str) -> float | None:
+        """Seconds since the last thing learnt of ``label``: a TTFT sample with prompt
+        tokens or a cut attempt (None: neither, or so long ago that both fits are
+        forgotten and the penalty has decayed)."""
+        fit = self._slow.get(label)
+        ages = [self.cuts.age_s(label)]
+        if fit is not None and not _stale(fit.at, self._clock.now(), self.slow_max_age_s):
+            ages.append(self._clock.now() - fit.at)
+        known = [age for age in ages if age is not None]
+        return min(known) if known else None
 
-    def health(self, label: str) -> TargetHealth:
-        """The latency fields of ``label``'s ``TargetHealth`` (the rest at their defaults):
-        what the gateway and the routing simulator both hand the strategies."""
+    def ttft_model(self, label: str) -> TtftModel | None:
+        """The TTFT model at no load: the fast fit, relaxed towards the slow one as it ages
+        (see the docstring); None before any sample with prompt tokens (or when stale)."""
+        now = self._clock.now()
+        slow = self._slow.get(label)
+        if slow is None or _stale(slow.at, now, self.slow_max_age_s):
+            slow = None
+        fast = self._fits.get(label)
+        if fast is None or _stale(fast.at, now, self.max_age_s):
+            return None if slow is None else TtftModel(*_line(slow), _spread(slow))
+        base, slope = _line(fast)
+        if slow is not None and self.relax_half_life_s is not None:
+            weight = 0.5 ** ((now - fast.at) / self.relax_half_life_s)
+            slow_base, slow_slope = _line(slow)
+            base = weight * base + (1 - weight) * slow_base
+            slope = weight * slope + (1 - weight) * slow_slope
+        return TtftModel(base, slope, _spread(fast))
+
+    def health(self, label: str, in_flight: int = 0) -> TargetHealth:
+        """The latency fields of ``label``'s ``TargetHealth`` (the rest at their defaults)
+        with ``in_flight`` requests at the target now: what the gateway and the routing
+        simulator both hand the strategies."""
         ttft, tpot = self.estimate(label)
         model = self.ttft_model(label)
+        factor = self.load.factor(label, in_flight)
+        penalty, floor, from_tokens = self.cuts.read(label)
         if model is None:
-            return TargetHealth(ttft_s=ttft, tpot_s=tpot)
+            return TargetHealth(
+                ttft_s=ttft,
+                tpot_s=tpot,
+                in_flight=in_flight,
+                ttft_load_factor=factor,
+                ttft_age_s=self.sample_age(label) if floor is not None else None,
+                ttft_penalty=penalty,
+                ttft_floor_s=floor,
+                ttft_penalty_from_tokens=from_tokens,
+            )
         return TargetHealth(
             ttft_s=ttft,
             tpot_s=tpot,
             ttft_base_s=model.base_s,
             ttft_per_token_s=model.per_token_s,
             ttft_spread=model.spread,
+            in_flight=in_flight,
+            ttft_load_factor=factor,
+            ttft_age_s=self.sample_age(label),
+            ttft_penalty=penalty,
+            ttft_floor_s=floor,
+            ttft_penalty_from_tokens=from_tokens,
         )
 
     def attempt_started(self, label: str) -> None:
@@ -219,8 +306,20 @@ class LatencyStats:
         ttft_s: float | None,
         retryable: bool,
         prompt_tokens: int | None = None,
+        in_flight: int | None = None,
     ) -> None:
         """Successful attempts with a time are TTFT samples (with ``prompt_tokens``, for
-        the TTFT model too); failures are not latency."""
-        if error is None and ttft_s is not None:
-            self.observe_ttft(label, ttft_s, prompt_tokens)
+        the TTFT model too; with ``in_flight``, for the load curve); attempts cut at their
+        deadline (``AttemptDeadlineError``) raise the target's cut penalty (``policies.cuts``:
+        more than the wait, by how much nobody knows, so not a sample); failures are not
+        latency."""
+        if ttft_s is None:
+            return
+        if error is None:
+            self.observe_ttft(label, ttft_s, prompt_tokens, in_flight)
+        elif error == CUT_ERROR:
+            self.cuts.cut(label, ttft_s, prompt_tokens or 0)
+
+
+def _stale(at: float, now: float, max_age_s: float | None) -> bool:
+    return max_age_s is not None and now - at > max_age_s

@@ -23,6 +23,7 @@ from core.clock import Clock, SystemClock
 from core.config import RoutingConfig
 from core.errors import (
     AllTargetsFailedError,
+    AttemptDeadlineError,
     NoTargetAvailableError,
     ProviderError,
     UpstreamMalformedError,
@@ -33,11 +34,15 @@ from core.errors import (
 from core.routing import AttemptObserver
 from routers.planner import Plan
 from routers.retry_budget import RetryBudget
+from routers.strategies.deadlines import Deadline
 from routers.targets import Skipped, Target
 
 T = TypeVar("T")
 P = TypeVar("P")
 Sleep = Callable[[float], Awaitable[None]]
+# A target whose first-token deadline leaves less than this is skipped ("deadline passed"):
+# an attempt that short would only cost the upstream a prompt it bills for.
+MIN_ATTEMPT_WINDOW_S = 0.05
 # True admits the target; False skips it as "circuit open"; a string skips it with that
 # string as the reason (e.g. "probe limit").
 Gate = Callable[[Target], Awaitable[bool | str]]
@@ -174,16 +179,18 @@ class Executor:
         *,
         observer: AttemptObserver | None = None,
         gate: Gate | None = None,
+        skip: Callable[[Target], str | None] | None = None,
     ) -> T:
         """The first successful ``call(target)`` along ``plan``. Raises the first error
         that may not fall back, ``AllTargetsFailedError`` when every called target failed,
         ``NoTargetAvailableError`` when the plan is empty or the gate refused every target.
         ``observer`` and ``gate`` apply to this call (per-request observers), in place of
-        the executor's own."""
+        the executor's own; ``skip`` may pass over a target with a reason before the gate
+        is asked (a first-token deadline already gone)."""
         hooks = _Hooks(observer or self._observer, gate or self._gate)
         failures: list[ProviderError] = []
         for target in _non_empty(model, plan, trace):
-            refusal = await self._refusal(target, hooks.gate)
+            refusal = (skip(target) if skip else None) or await self._refusal(target, hooks.gate)
             if refusal is not None:
                 trace.skipped.append(Skipped(target.label, refusal))
                 continue
@@ -281,18 +288,36 @@ class Executor:
         *,
         observer: AttemptObserver | None = None,
         gate: Gate | None = None,
+        deadlines: Mapping[str, Deadline] | None = None,
+        elapsed_s: float = 0.0,
     ) -> tuple[P, AsyncIterator[P]]:
         """The first chunk and the rest of the first stream that yields one within its
         target's first-token deadline. After that chunk the stream is committed; the rest
         ends with ``UpstreamTimeoutError`` when a chunk takes longer than
-        ``timeouts.idle``. Closing the returned iterator closes the upstream stream."""
+        ``timeouts.idle``. Closing the returned iterator closes the upstream stream.
+
+        ``deadlines`` (by target label; ``routers.strategies.deadlines``, counted from the
+        request's start, ``elapsed_s`` ago) cut a target's attempts short of its own
+        first-token timeout: past it, the attempt ends with ``AttemptDeadlineError`` and
+        the plan moves on; a target whose window is already gone is skipped."""
+        begun = self._clock.now() - elapsed_s
+
+        def window_s(target: Target) -> float | None:
+            deadline = (deadlines or {}).get(target.label)
+            return None if deadline is None else deadline.window_s(self._clock.now() - begun)
+
+        def passed(target: Target) -> str | None:
+            left = window_s(target)
+            return "deadline passed" if left is not None and left < MIN_ATTEMPT_WINDOW_S else None
+
         return await self.call(
             model,
             plan,
-            lambda t: _first_and_rest(t, open_stream),
+            lambda t: _first_and_rest(t, open_stream, window_s(t)),
             trace,
             observer=observer,
             gate=gate,
+            skip=passed,
         )
 
 
@@ -300,12 +325,16 @@ def _tell(
     observer: AttemptObserver, label: str, failure: BaseException | None, took: float
 ) -> None:
     """Report one finished attempt. A cancelled attempt reports ``CancelledError``, which
-    observers treat as saying nothing about the target."""
+    observers treat as saying nothing about the target; one cut at its deadline reports
+    how long it waited (a lower bound of its TTFT)."""
     if failure is None:
         observer.attempt_finished(label, error=None, ttft_s=took, retryable=False)
         return
     retryable = isinstance(failure, ProviderError) and failure.retryable
-    observer.attempt_finished(label, error=type(failure).__name__, ttft_s=None, retryable=retryable)
+    waited = took if isinstance(failure, AttemptDeadlineError) else None
+    observer.attempt_finished(
+        label, error=type(failure).__name__, ttft_s=waited, retryable=retryable
+    )
 
 
 async def _within_total(target: Target, call: Callable[[Target], Awaitable[T]]) -> T:
@@ -317,11 +346,11 @@ async def _within_total(target: Target, call: Callable[[Target], Awaitable[T]]) 
 
 
 async def _first_and_rest(
-    target: Target, open_stream: Callable[[Target], AsyncIterator[P]]
+    target: Target, open_stream: Callable[[Target], AsyncIterator[P]], cut_after: float | None
 ) -> tuple[P, AsyncIterator[P]]:
     stream = open_stream(target)
     try:
-        first = await _first_item(target, stream)
+        first = await _first_item(target, stream, cut_after)
     except BaseException:
         await close_stream(stream)  # release the upstream connection before moving on
         raise
@@ -377,12 +406,22 @@ def _timeout(target: Target, seconds: float) -> UpstreamTimeoutError:
     )
 
 
-async def _first_item(target: Target, stream: AsyncIterator[P]) -> P:
+async def _first_item(target: Target, stream: AsyncIterator[P], cut_after: float | None) -> P:
+    """The stream's first item within the target's first-token timeout, or within
+    ``cut_after`` seconds when that is sooner (then ``AttemptDeadlineError``)."""
+    limit = target.timeouts.first_token
+    cut = cut_after is not None and cut_after < limit
     try:
-        async with asyncio.timeout(target.timeouts.first_token):
+        async with asyncio.timeout(cut_after if cut else limit):
             return await anext(stream)
     except TimeoutError as exc:
-        raise _timeout(target, target.timeouts.first_token) from exc
+        if cut:
+            raise AttemptDeadlineError(
+                f"upstream {target.provider_name} had not started answering after "
+                f"{cut_after:.3g}s, when the request's latency objective needed it",
+                provider=target.provider_name,
+            ) from exc
+        raise _timeout(target, limit) from exc
     except StopAsyncIteration as exc:
         raise UpstreamMalformedError(
             f"upstream {target.provider_name} ended the stream before its first chunk",

@@ -7,6 +7,8 @@ Filter order matters and is fixed:
 3. context window (400 ``context_length_exceeded`` when no target fits);
 4. health: open breakers ("circuit open") and saturated local replicas ("saturated", also
    kept in ``Plan.saturated`` so the caller can queue for them).
+Then the strategy orders the survivors, and each planned target but the last gets its
+first-token deadline (``routers.strategies.deadlines``) when the request has a TTFT objective.
 The 400s come before the health filters on purpose: a request no target could ever serve
 is the client's problem, not an outage.
 """
@@ -28,17 +30,20 @@ from routers.filters import (
     filter_tenant,
 )
 from routers.strategies.base import Strategy
+from routers.strategies.deadlines import Deadline, first_token_deadlines
 from routers.targets import Skipped, Target
 
 
 class Plan(Struct, kw_only=True):
-    """Targets to try in order, the ones left out and why, and each planned target's
-    strategy reason (by label) for ``x-switchyard-route-reason``."""
+    """Targets to try in order, the ones left out and why, each planned target's strategy
+    reason (by label) for ``x-switchyard-route-reason``, and the first-token deadlines of
+    streamed attempts (``routers.strategies.deadlines``, by label)."""
 
     ordered: list[Target]
     skipped: list[Skipped] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     saturated: list[Target] = field(default_factory=list)
+    deadlines: dict[str, Deadline] = field(default_factory=dict)
 
 
 def plan_route(
@@ -73,9 +78,13 @@ def plan_route(
     kept, dropped, saturated = filter_health(kept, health)
     skipped += dropped
     ranked = strategy.plan(req, kept, health, rng) if kept else []
+    ordered = [r.target for r in ranked]
+    deadlines = first_token_deadlines(req, ordered, health)
+    deadlines.update({r.target.label: r.deadline for r in ranked if r.deadline is not None})
     return Plan(
-        ordered=[r.target for r in ranked],
+        ordered=ordered,
         skipped=skipped,
         reasons={r.target.label: r.reason for r in ranked},
         saturated=saturated,
+        deadlines=deadlines,
     )

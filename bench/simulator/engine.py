@@ -4,7 +4,9 @@ Per request, in arrival order: drain the observations made so far into the healt
 build the ``RouteRequest`` the gateway would (prompt tokens, ``max_tokens``, the class's TTFT
 objective), plan with ``routers.planner.plan_route`` (filters + the real strategy), then walk
 the plan like the executor: a target in an outage fails after ``fail_after_s`` and the next
-one is tried; the first that answers serves. The request's TTFT counts from its arrival, so
+one is tried, and so is one whose first token would come after its first-token deadline
+(``Plan.deadlines``: it is cut there, raising its cut penalty); the first that
+answers serves. The request's TTFT counts from its arrival, so
 time lost on failed attempts counts against the objective. When every candidate is a
 saturated local replica, the request queues there (the gateway's admission queue); when
 none is left at all, it fails.
@@ -17,8 +19,9 @@ from ``random.Random(seed, request index)`` so every policy sees the same luck p
 from __future__ import annotations
 
 import copy
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.simulator.health import HealthBoard
@@ -27,8 +30,10 @@ from bench.simulator.trace import SimRequest
 from core.errors import InvalidRequestError
 from core.protocols import Capabilities, Timeouts
 from core.routing import RouteRequest
+from routers.executor import MIN_ATTEMPT_WINDOW_S
 from routers.planner import plan_route
 from routers.strategies.base import Strategy
+from routers.strategies.deadlines import Deadline
 from routers.targets import Target
 
 ALIAS = "chat"
@@ -115,15 +120,25 @@ class Simulation:
         except InvalidRequestError:  # no target's context window fits
             return Outcome(req, None, None, 0.0)
         ordered = plan.ordered or plan.saturated[:1]  # all saturated: queue on the local tier
-        return self._walk(req, ordered)
+        return self._walk(req, ordered, plan.deadlines)
 
-    def _walk(self, req: SimRequest, ordered: Sequence[Target]) -> Outcome:
+    def _walk(
+        self, req: SimRequest, ordered: Sequence[Target], deadlines: Mapping[str, Deadline]
+    ) -> Outcome:
+        """Serve ``req`` along ``ordered`` as the gateway's executor would: an outage fails
+        the attempt after its ``fail_after_s``; an attempt whose first token would come
+        after its first-token deadline (``deadlines``, seconds after arrival) is cut there
+        and the next target tried."""
         noise = random.Random(self.seed * 1_000_003 + req.index)
         at_s = req.arrival_s
         failed: list[str] = []
         for target in ordered:
             label = target.label
-            self.board.started(label)
+            deadline = deadlines.get(label)
+            window = math.inf if deadline is None else deadline.window_s(at_s - req.arrival_s)
+            if window < MIN_ATTEMPT_WINDOW_S:
+                continue  # its deadline passed before its turn: skipped, as the executor does
+            load = self.board.started(label)
             outage = next((o for o in self.outages if o.down(label, at_s)), None)
             if outage is not None:
                 at_s += outage.fail_after_s
@@ -131,6 +146,11 @@ class Simulation:
                 failed.append(label)
                 continue
             service = self.models[label].serve(at_s, req, noise)
+            if service.ttft_s > window:
+                self.board.cut(label, at_s, window, load, req.prompt_tokens)
+                at_s += window
+                failed.append(label)
+                continue
             end_s = at_s + service.total_s(req.output_tokens)
             self.board.succeeded(
                 label,
@@ -140,6 +160,7 @@ class Simulation:
                 end_s,
                 req.prompt_tokens,
                 req.output_tokens,
+                in_flight=load,
             )
             ttft = at_s - req.arrival_s + service.ttft_s
             return Outcome(req, label, ttft, service.cost_usd, tuple(failed))

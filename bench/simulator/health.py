@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from core.routing import BreakerState, TargetHealth
-from policies.latency import LatencyStats
+from policies.latency import CUT_ERROR, LatencyStats
 
 
 @dataclass
@@ -55,7 +55,9 @@ class HealthBoard:
     trip_after: int = 5
     cooldown_s: float = 15.0
     _stats: dict[str, _Stats] = field(default_factory=dict)
-    _events: list[tuple[float, int, str, str, float, int | None]] = field(default_factory=list)
+    _events: list[tuple[float, int, str, str, float, int | None, int | None]] = field(
+        default_factory=list
+    )
     _seq: int = 0
     _now: float = 0.0
     _clock: _SimClock = field(default_factory=_SimClock)
@@ -67,13 +69,29 @@ class HealthBoard:
 
     # ------------------------------------------------------------ observations
     def _push(
-        self, at_s: float, kind: str, label: str, value: float = 0.0, tokens: int | None = None
+        self,
+        at_s: float,
+        kind: str,
+        label: str,
+        value: float = 0.0,
+        tokens: int | None = None,
+        load: int | None = None,
     ) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (at_s, self._seq, kind, label, value, tokens))
+        heapq.heappush(self._events, (at_s, self._seq, kind, label, value, tokens, load))
 
-    def started(self, label: str) -> None:
-        self._stats[label].in_flight += 1
+    def cut(
+        self, label: str, start_s: float, after_s: float, in_flight: int, prompt_tokens: int
+    ) -> None:
+        """An attempt the gateway gave up on ``after_s`` into it (its deadline), no token
+        yet: the gateway files the wait as a TTFT sample (a lower bound)."""
+        self._push(start_s + after_s, "cut", label, after_s, prompt_tokens, in_flight)
+
+    def started(self, label: str) -> int:
+        """An attempt sent now; returns the in-flight count before it (its load)."""
+        stats = self._stats[label]
+        stats.in_flight += 1
+        return stats.in_flight - 1
 
     def succeeded(
         self,
@@ -84,11 +102,12 @@ class HealthBoard:
         end_s: float,
         prompt_tokens: int | None = None,
         output_tokens: int = 1,
+        in_flight: int | None = None,
     ) -> None:
         """A served attempt: its first token at ``start_s + ttft_s`` (a TTFT sample, with
-        ``prompt_tokens`` when given), its last at ``end_s`` (``output_tokens`` decoded at
-        ``tpot_s`` each)."""
-        self._push(start_s + ttft_s, "ttft", label, ttft_s, prompt_tokens)
+        ``prompt_tokens`` and the ``in_flight`` count it was sent at when given), its last
+        at ``end_s`` (``output_tokens`` decoded at ``tpot_s`` each)."""
+        self._push(start_s + ttft_s, "ttft", label, ttft_s, prompt_tokens, in_flight)
         self._push(end_s, "done", label, tpot_s * output_tokens, output_tokens)
 
     def failed(self, label: str, at_s: float) -> None:
@@ -98,17 +117,29 @@ class HealthBoard:
         """Apply every observation made up to ``now_s``."""
         self._now = now_s
         while self._events and self._events[0][0] <= now_s:
-            at_s, _, kind, label, value, tokens = heapq.heappop(self._events)
+            at_s, _, kind, label, value, tokens, load = heapq.heappop(self._events)
             self._clock.at = at_s
-            self._apply(at_s, kind, label, value, tokens)
+            self._apply(at_s, kind, label, value, tokens, load)
         self._clock.at = now_s
 
-    def _apply(self, at_s: float, kind: str, label: str, value: float, tokens: int | None) -> None:
+    def _apply(
+        self, at_s: float, kind: str, label: str, value: float, tokens: int | None, load: int | None
+    ) -> None:
         stats = self._stats[label]
         if kind == "ttft":
-            self.latency.observe_ttft(label, value, tokens)
+            self.latency.observe_ttft(label, value, tokens, load)
             stats.consecutive_failures = 0
             stats.open_until = None
+        elif kind == "cut":  # neither a success nor a failure for the breaker
+            self.latency.attempt_finished(
+                label,
+                error=CUT_ERROR,
+                ttft_s=value,
+                retryable=False,
+                prompt_tokens=tokens,
+                in_flight=load,
+            )
+            stats.in_flight -= 1
         elif kind == "done":
             self.latency.observe_tokens(label, tokens or 0, value)
             stats.in_flight -= 1
@@ -131,10 +162,9 @@ class HealthBoard:
         load = self.local_load(label, self._now)
         running, waiting, saturated = load if load is not None else (0, 0, False)
         return msgspec.structs.replace(
-            self.latency.health(label),
+            self.latency.health(label, stats.in_flight),
             breaker=self.breaker(label),
             saturated=saturated,
             waiting=waiting,
             running=running,
-            in_flight=stats.in_flight,
         )

@@ -9,20 +9,26 @@ from core.routing import RouteRequest, TargetHealth
 from local_tier.capacity import CapacityMonitor
 from policies.breaker import SharedBreakers
 from policies.latency import LatencyStats
+from policies.load import TargetLoad
+from policies.load_shared import SharedTargetLoad
 
 
 class Trackers:
-    """The state that outlives config reloads: what the gateway has learnt about targets."""
+    """The state that outlives config reloads: what the gateway has learnt about targets,
+    and how many requests it holds at each (``load``)."""
 
     def __init__(
         self,
         breakers: SharedBreakers,
         latency: LatencyStats,
         capacity: CapacityMonitor,
+        load: TargetLoad | SharedTargetLoad | None = None,
     ) -> None:
         self.breakers = breakers
         self.latency = latency
         self.capacity = capacity
+        # Shared across replicas when state is on Redis (``SharedTargetLoad``), else local.
+        self.load: TargetLoad | SharedTargetLoad = load if load is not None else TargetLoad()
 
     def view(self, req: RouteRequest) -> RequestHealth:
         return RequestHealth(self, req)
@@ -44,7 +50,8 @@ class RequestHealth:
 
     def _build(self, label: str) -> TargetHealth:
         trackers = self._trackers
-        latency = trackers.latency.health(label)  # EWMAs and the TTFT model
+        # EWMAs, the TTFT model and the load factor for what the target holds now.
+        latency = trackers.latency.health(label, trackers.load.count(label))
         capacity = trackers.capacity
         if not capacity.knows(label):
             return msgspec.structs.replace(latency, breaker=trackers.breakers.state(label))
@@ -61,16 +68,22 @@ class RequestHealth:
             ttft_base_s=latency.ttft_base_s,
             ttft_per_token_s=latency.ttft_per_token_s,
             ttft_spread=latency.ttft_spread,
+            ttft_load_factor=latency.ttft_load_factor,
+            ttft_age_s=latency.ttft_age_s,
+            in_flight=max(local.in_flight, latency.in_flight),
             saturated=local.saturated or late,
         )
 
 
 class TrackerObserver:
-    """Fans one request's attempt reports out to breakers, latency stats and capacity.
+    """Fans one request's attempt reports out to breakers, latency stats, the gateway's
+    per-target load and local capacity.
 
-    A local replica counts the request as in flight from the attempt's start until the
-    attempt fails or, when it succeeded, until ``release()`` at the end of the request
-    (a stream keeps the replica busy after its first chunk).
+    An attempt holds its target (in ``Trackers.load``, and for a local replica in the
+    capacity monitor) from its start until it fails or, when it succeeded, until
+    ``release()`` at the end of the request (a stream keeps the target busy after its
+    first chunk). Each TTFT sample goes to the latency stats with the count of requests
+    the target held when the attempt started (its load curve's input).
 
     ``prompt_tokens``: the request's prompt estimate (``RouteRequest.prompt_tokens``), set
     once the request is routed; it goes with each TTFT sample to the latency stats, which
@@ -78,14 +91,17 @@ class TrackerObserver:
 
     def __init__(self, trackers: Trackers) -> None:
         self._trackers = trackers
-        self._holding: list[str] = []
+        self._holding: list[str] = []  # labels this request holds, one entry per attempt
+        self._sent_at: dict[str, int] = {}  # label -> load when the last attempt started
         self.prompt_tokens: int | None = None
 
     def attempt_started(self, label: str) -> None:
-        self._trackers.breakers.attempt_started(label)
-        if self._trackers.capacity.knows(label):
-            self._trackers.capacity.sent(label)
-            self._holding.append(label)
+        trackers = self._trackers
+        trackers.breakers.attempt_started(label)
+        self._sent_at[label] = trackers.load.enter(label)
+        self._holding.append(label)
+        if trackers.capacity.knows(label):
+            trackers.capacity.sent(label)
 
     def attempt_finished(
         self, label: str, *, error: str | None, ttft_s: float | None, retryable: bool
@@ -93,17 +109,26 @@ class TrackerObserver:
         trackers = self._trackers
         trackers.breakers.attempt_finished(label, error=error, ttft_s=ttft_s, retryable=retryable)
         trackers.latency.attempt_finished(
-            label, error=error, ttft_s=ttft_s, retryable=retryable, prompt_tokens=self.prompt_tokens
+            label,
+            error=error,
+            ttft_s=ttft_s,
+            retryable=retryable,
+            prompt_tokens=self.prompt_tokens,
+            in_flight=self._sent_at.get(label),
         )
         if label not in self._holding:
             return
         if error is not None:
-            self._holding.remove(label)
-            trackers.capacity.done(label)
-        elif ttft_s is not None:
+            self._let_go(label)
+        elif ttft_s is not None and trackers.capacity.knows(label):
             trackers.capacity.observe_ttft(label, ttft_s)
 
-    def release(self) -> None:
-        for label in self._holding:
+    def _let_go(self, label: str) -> None:
+        self._holding.remove(label)
+        self._trackers.load.leave(label)
+        if self._trackers.capacity.knows(label):
             self._trackers.capacity.done(label)
-        self._holding.clear()
+
+    def release(self) -> None:
+        for label in list(self._holding):
+            self._let_go(label)

@@ -19,8 +19,10 @@ from local_tier.capacity import CapacityMonitor, ReplicaSpec
 from local_tier.prefix_index import PrefixIndex
 from policies.admission import AdmissionQueue
 from policies.breaker import SharedBreakers
+from policies.goodput import GoodputMeter
 from policies.latency import LatencyStats
 from policies.ledger import Ledger, open_ledger
+from policies.load_shared import SharedTargetLoad, default_replica_id
 from policies.response_cache import ResponseCache
 from policies.sticky import StickyRoutes
 from policies.store import MemoryStore, RedisStore
@@ -113,12 +115,22 @@ class GatewayState:
             prefix_index=PrefixIndex(_PREFIX_BLOCKS_PER_REPLICA, self.clock),
             on_poll=self.queue.notify,
         )
+        # With replicas sharing Redis, each adds the others' in-flight counts to its own.
+        self.shared_load = (
+            SharedTargetLoad(shared, self.clock, default_replica_id())
+            if config.state.backend == "redis"
+            else None
+        )
         self.trackers = Trackers(
             SharedBreakers(config.routing.breaker, shared, self.clock),
             LatencyStats(self.clock),
             capacity,
+            load=self.shared_load,
         )
         self.trackers.breakers.track(target_labels(config))
+        if self.shared_load is not None:
+            self.shared_load.track(target_labels(config))
+        self.goodput = GoodputMeter(self.clock)
         self.responses = ResponseCache(config.response_cache, shared, self.clock)
         self.sticky = StickyRoutes(shared, config.routing.prompt_cache.sticky_ttl_s, self.clock)
         self.runtime = Runtime(config, self.client, self.env, progress, stores=self.stores)
@@ -132,6 +144,8 @@ class GatewayState:
         self._start_task = asyncio.create_task(self._start())
         await self.trackers.capacity.start()
         await self.trackers.breakers.start()
+        if self.shared_load is not None:
+            await self.shared_load.start()
         start_ledger = getattr(self.ledger, "start", None)
         if start_ledger is not None:  # replays rows a previous run spooled during an outage
             await start_ledger()
@@ -172,6 +186,8 @@ class GatewayState:
         config = runtime.config
         self.trackers.capacity.configure(local_replicas(config))
         self.trackers.breakers.track(target_labels(config))
+        if self.shared_load is not None:
+            self.shared_load.track(target_labels(config))
         self.queue.set_weights(_weights(config))
         if runtime.retired:
             self.spawn(_close_later(runtime, config.server.drain_timeout_s))
@@ -203,6 +219,8 @@ class GatewayState:
             task.cancel()
         await self.trackers.capacity.aclose()
         await self.trackers.breakers.aclose()
+        if self.shared_load is not None:  # drained: its last publish clears our counts
+            await self.shared_load.aclose()
         await self.runtime.aclose()
         await self.ledger.aclose()
         await self.stores.aclose()

@@ -56,6 +56,10 @@ class RequestRecord:
         self.usage_estimated = False  # a stream cut before the upstream reported usage
         self.streamed_chars = 0  # generated text sent so far (content, reasoning, tool args)
         self.ttft_s: float | None = None
+        # Goodput (``policies.goodput``): the TTFT objective routing resolved, and whether
+        # the request met it (None: it had none), set as the request ends.
+        self.slo_ttft_ms: float | None = None
+        self.slo_met: bool | None = None
         self.principal: Principal = OPEN
         # x-ratelimit-*, cache and queue reports; error responses carry them too
         self.extra_headers: dict[str, str] = {GATEWAY_ID_HEADER: self.request_id}
@@ -182,6 +186,8 @@ class RequestRecord:
             queue_ms=round(self.queue_s * 1000, 2),
             cache_hit=self.cache_hit,
             usage_estimated=self.usage_estimated,
+            slo_ttft_ms=self.slo_ttft_ms,
+            slo_met=self.slo_met,
             error=_error_name(error),
         )
 

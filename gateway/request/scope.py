@@ -182,7 +182,9 @@ class Scope:
     async def open_stream(
         self, model: str, plan: Plan, open_stream: Callable[[Target], AsyncIterator[P]]
     ) -> tuple[P, AsyncIterator[P]]:
-        """The first part and the rest of the first target's stream that yields one."""
+        """The first part and the rest of the first target's stream that yields one, each
+        target cut at its first-token deadline (``Plan.deadlines``, counted from the
+        request's arrival)."""
         return await self.runtime.executor.open_stream(
             model,
             plan.ordered,
@@ -190,6 +192,8 @@ class Scope:
             self.record.trace,
             observer=self.observer,
             gate=self.state.trackers.breakers.gate,
+            deadlines=plan.deadlines,
+            elapsed_s=self.record.elapsed_s(),
         )
 
     async def answer_raw(self, result: RawResult) -> Response[bytes]:
@@ -312,8 +316,21 @@ class Scope:
         finally:
             self.observer.release()
             self.state.queue.notify()
+            self._count_goodput(status)
             record.finish(status, error)
             self.state.in_flight.leave()
+
+    def _count_goodput(self, status: int) -> None:
+        record = self.record
+        if self.route is None:
+            return  # never routed (refused before): not a request for any alias's goodput
+        record.slo_ttft_ms = self.route.slo_ttft_ms
+        record.slo_met = self.state.goodput.record(
+            self.route.model,
+            objective_ms=record.slo_ttft_ms,
+            ttft_s=record.ttft_s,
+            ok=status == 200,
+        )
 
     async def _admitted(self) -> Admission | None:
         """The admission, also when the request was cancelled while the store answered

@@ -79,6 +79,16 @@ async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(msgspec.json.encode(body), media_type=_JSON)
 
 
+@get("/admin/goodput")
+async def goodput(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Per model alias, over the last minute: finished requests, those with a latency
+    objective, those that met it, goodput (met per second) and attainment."""
+    require_admin(request)
+    meter = _state(request).goodput
+    body = {"window_s": meter.window_s, "models": msgspec.to_builtins(meter.snapshot())}
+    return Response(msgspec.json.encode(body), media_type=_JSON)
+
+
 @get("/admin/tenants/{tenant:str}/quota")
 async def tenant_quota(
     request: Request[Any, Any, Any], tenant: str, key_id: str | None = None

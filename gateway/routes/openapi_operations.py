@@ -23,6 +23,7 @@ from core.wire import (
 from gateway.dialects.anthropic_messages_body import MessagesBody
 from gateway.dialects.anthropic_messages_wire import ErrorOut, MessageOut
 from gateway.dialects.responses import ResponsesBody
+from policies.goodput import Goodput
 
 OPENAPI_PATH = "/openapi.json"
 _JSON = "application/json"
@@ -69,6 +70,14 @@ class TargetsView(msgspec.Struct):
     targets: list[dict[str, Any]]
     skipped: dict[str, list[dict[str, Any]]]
     queue: dict[str, Any]
+
+
+class GoodputView(msgspec.Struct):
+    """``GET /admin/goodput``: per alias, the last window's requests, those with a latency
+    objective, those that met it, goodput (met per second) and attainment."""
+
+    window_s: int
+    models: dict[str, Goodput]
 
 
 class QuotaView(msgspec.Struct):
@@ -238,6 +247,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "admin",
         "admin",
         {_JSON: TargetsView},
+        (401, 403),
+    ),
+    ("GET", "/admin/goodput"): Operation(
+        "Requests that met their latency objective, per alias, over the last minute",
+        "admin",
+        "admin",
+        {_JSON: GoodputView},
         (401, 403),
     ),
     ("GET", "/admin/tenants/{tenant}/quota"): Operation(

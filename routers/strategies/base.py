@@ -15,15 +15,18 @@ from typing import Protocol
 from msgspec import Struct
 
 from core.routing import HealthView, RouteRequest
+from routers.strategies.deadlines import Deadline
 from routers.targets import Target
 
 
 class Ranked(Struct, frozen=True):
     """One place in a plan: the target and why it sits there (shown in
-    ``x-switchyard-route-reason`` when it serves)."""
+    ``x-switchyard-route-reason`` when it serves); ``deadline`` overrides the target's
+    first-token deadline (``routers.strategies.deadlines``)."""
 
     target: Target
     reason: str
+    deadline: Deadline | None = None
 
 
 class Strategy(Protocol):

@@ -2,9 +2,13 @@
 a target's EWMAs, cost from its price, and the formatting used in route reasons.
 
 Rules, stated once:
-- TTFT = ``ttft_base_s`` + ``ttft_per_token_s`` x the request's prompt tokens, the target's
-  fitted TTFT model (``policies.latency``); before a model is fitted, the EWMA of time to
-  first token (``None``: never measured).
+- TTFT = (``ttft_base_s`` + ``ttft_per_token_s`` x the request's prompt tokens) x
+  ``ttft_load_factor``: the target's fitted no-load TTFT model (``policies.latency``)
+  times what its in-flight requests add now (``policies.load``); before a model is
+  fitted, the EWMA of time to first token times the same factor; either times the
+  target's cut penalty (``policies.cuts``: attempts given up on at their first-token
+  deadline) when the request's prompt is as large as the ones cut. Never measured: the
+  longest recently cut wait times the penalty, else ``None`` (unmeasured).
 - Tail TTFT (``ttft_tail_s``) = TTFT x exp(z x ``ttft_spread``), the spread being the RMS
   of the log prediction error: about the TTFT that only one request in
   ``1 / (1 - Phi(z))`` exceeds, were that error normal (z = 1.28: the 90th percentile;
@@ -32,9 +36,15 @@ _MAX_EXPONENT = 50.0
 
 def ttft_s(req: RouteRequest, health: TargetHealth) -> float | None:
     """Predicted seconds to the first token of ``req``, or None when unmeasured."""
+    penalty = health.ttft_penalty if req.prompt_tokens >= health.ttft_penalty_from_tokens else 1.0
     if health.ttft_base_s is not None and health.ttft_per_token_s is not None:
-        return health.ttft_base_s + health.ttft_per_token_s * req.prompt_tokens
-    return health.ttft_s
+        no_load = health.ttft_base_s + health.ttft_per_token_s * req.prompt_tokens
+        return no_load * health.ttft_load_factor * penalty
+    if health.ttft_s is not None:
+        return health.ttft_s * health.ttft_load_factor * penalty
+    if health.ttft_floor_s is not None:
+        return health.ttft_floor_s * health.ttft_penalty
+    return None
 
 
 def ttft_tail_s(req: RouteRequest, health: TargetHealth, z: float) -> float | None:

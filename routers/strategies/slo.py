@@ -2,33 +2,46 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
+
+import msgspec
 
 from core.config_routing import SloStrategy
 from core.routing import HealthView, RouteRequest, TargetHealth
 from routers.strategies.base import Ranked
+from routers.strategies.deadlines import Deadline, first_token_deadlines
 from routers.strategies.lowest_cost import by_cost, cost_reason
-from routers.strategies.predict import fmt_s, total_s, ttft_s, ttft_tail_s
+from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
 from routers.targets import Target
+
+_BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
 
 
 class Slo:
     """The objective is ``req.slo_ttft_ms`` and/or ``req.slo_total_ms`` (already resolved
-    by the gateway from the request header, the tenant or the alias).
+    by the gateway from the request header, the tenant or the alias); a request with
+    neither is routed as if it asked for ``default_ttft_ms`` (when set).
 
     Feasible = the *tail* of the predicted TTFT, and the total built on it, within the
     objective: ``predict.ttft_tail_s`` at ``z`` (default 1.28, the 90th percentile), which
-    grows with the request's prompt and with how far off the target's predictions have
-    been. A target whose mean just meets a 4 s objective misses it about half the time;
-    one whose 90th percentile meets it, about one time in ten at worst, and only for the
-    requests nearest the limit.
+    grows with the request's prompt, with how far off the target's predictions have been
+    and with the requests the target holds now (its load factor). A target whose mean
+    just meets a 4 s objective misses it about half the time; one whose 90th percentile
+    meets it, about one time in ten at worst, and only for the requests nearest the limit.
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     closest to the objective first (smallest ratio of tail prediction to objective: with
     only a TTFT objective, the quickest to start however slowly it then generates).
     Unmeasured targets count as feasible, so they get measured (one possibly slow answer,
-    after which their estimate decides). With no objective at all, plain lowest cost.
+    after which their estimate decides).
+
+    Exploration (``_probe``): an estimate is only corrected by new samples, and a target
+    predicted to miss gets none. So a request with slack (its own objective, at least
+    twice the cheapest feasible target's tail) may, with probability ``explore_share``,
+    try first the stalest cheaper target predicted to miss; the planner's first-token
+    deadline then cuts the try in time for the feasible target to meet the objective.
     """
 
     name = "slo"
@@ -44,7 +57,8 @@ class Slo:
         health: HealthView,
         rng: random.Random,
     ) -> list[Ranked]:
-        objective = _objective(req)
+        goal = self._goal(req)
+        objective = _objective(goal, defaulted=goal is not req)
         if objective is None:
             return [
                 Ranked(t, f"slo: no objective; {cost_reason(i, cost)}")
@@ -52,35 +66,131 @@ class Slo:
             ]
         z = self.z
         healths = {t.label: health.health(t.label) for t in candidates}
-        over = {t.label: _overshoot(req, healths[t.label], z) for t in candidates}
-        feasible = [t for t in candidates if over[t.label] <= 1.0]
+        over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
+        _explore_one_unknown(goal, candidates, healths, over)
+        feasible = by_cost(goal, [t for t in candidates if over[t.label] <= 1.0])
         missing = [t for t in candidates if over[t.label] > 1.0]
+        missing.sort(key=lambda t: (over[t.label], _cost_or_inf(goal, t)))  # ties: cheapest
         ranked = [
-            Ranked(t, _feasible_reason(i, cost, objective, req, healths[t.label], z))
-            for i, (t, cost) in enumerate(by_cost(req, feasible))
+            Ranked(t, _feasible_reason(i, cost, objective, goal, healths[t.label], z))
+            for i, (t, cost) in enumerate(feasible)
         ]
-        for t in sorted(missing, key=lambda t: over[t.label]):
-            shown = _predicted(req, healths[t.label], z)
+        for t in missing:
+            shown = _predicted(goal, healths[t.label], z)
             ranked.append(Ranked(t, f"slo: misses {objective}; closest left ({shown})"))
-        return ranked
+        if goal is not req:
+            return _with_deadlines(goal, ranked, health, z)
+        probe = self._probe(req, feasible, missing, healths, rng)
+        if probe is None:
+            return ranked
+        rest = [r for r in ranked if r.target.label != probe.label]
+        age = healths[probe.label].ttft_age_s or 0.0
+        reason = (
+            f"slo: exploring (estimate {age:.0f}s old: {_predicted(req, healths[probe.label], z)}"
+            f"), cut in time for {rest[0].target.label}"
+        )
+        # Cut by the slack, however slow the target is predicted to be (see deadlines).
+        slack = _slack_s(req, healths[rest[0].target.label], z)
+        deadline = None if slack is None else Deadline(slack)
+        return [Ranked(probe, reason, deadline=deadline), *rest]
+
+    def _goal(self, req: RouteRequest) -> RouteRequest:
+        """``req`` itself, or with the default TTFT objective when it sets none."""
+        default = self.config.default_ttft_ms
+        if req.slo_ttft_ms is not None or req.slo_total_ms is not None or default is None:
+            return req
+        return msgspec.structs.replace(req, slo_ttft_ms=default)
+
+    def _probe(
+        self,
+        req: RouteRequest,
+        feasible: list[tuple[Target, float | None]],
+        missing: list[Target],
+        healths: dict[str, TargetHealth],
+        rng: random.Random,
+    ) -> Target | None:
+        """The target to explore for ``req``, or None (see the class docstring)."""
+        if not feasible or req.slo_ttft_ms is None or self.config.explore_share <= 0:
+            return None
+        best, best_cost = feasible[0]
+        slack = _slack_s(req, healths[best.label], self.z)
+        if best_cost is None or slack is None or slack < req.slo_ttft_ms / 2000.0:
+            return None  # unpriced, unmeasured, or too little slack to spare
+        stale = [
+            t
+            for t in missing
+            if (cost := cost_usd(req, t)) is not None
+            and cost < best_cost
+            and (healths[t.label].ttft_age_s or 0.0) >= self.config.explore_after_s
+        ]
+        if not stale or rng.random() >= self.config.explore_share:
+            return None
+        return max(stale, key=lambda t: healths[t.label].ttft_age_s or 0.0)
 
 
-def _objective(req: RouteRequest) -> str | None:
-    """``ttft<=800ms, total<=5000ms`` or None when the request has no objective."""
+def _cost_or_inf(req: RouteRequest, target: Target) -> float:
+    cost = cost_usd(req, target)
+    return math.inf if cost is None else cost
+
+
+def _explore_one_unknown(
+    req: RouteRequest,
+    candidates: Sequence[Target],
+    healths: dict[str, TargetHealth],
+    over: dict[str, float],
+) -> None:
+    """Leave only the cheapest idle unmeasured target feasible (``over`` 0); the others
+    rank just after the feasible ones. A plan through several unknown targets, each given
+    the whole objective, is a chain of cuts that misses it (the cold start)."""
+    unknown = [
+        t for t in candidates if over[t.label] == 0.0 and ttft_s(req, healths[t.label]) is None
+    ]
+    for target, _ in by_cost(req, unknown)[1:]:
+        over[target.label] = _BUSY_UNMEASURED
+
+
+def _with_deadlines(
+    goal: RouteRequest, ranked: list[Ranked], health: HealthView, z: float
+) -> list[Ranked]:
+    """``ranked`` with the first-token deadlines of the default objective ``goal``: a
+    request routed as if it asked for 5 s leaves a hanging target as one that asked would
+    (the planner gives requests without an objective none)."""
+    deadlines = first_token_deadlines(goal, [r.target for r in ranked], health, z)
+    return [msgspec.structs.replace(r, deadline=deadlines.get(r.target.label)) for r in ranked]
+
+
+def _slack_s(req: RouteRequest, fallback: TargetHealth, z: float) -> float | None:
+    """Seconds of the TTFT objective left once ``fallback``'s tail TTFT is set aside (None:
+    no objective, or the fallback is unmeasured)."""
+    tail = ttft_tail_s(req, fallback, z)
+    if req.slo_ttft_ms is None or tail is None:
+        return None
+    return req.slo_ttft_ms / 1000.0 - tail
+
+
+def _objective(req: RouteRequest, *, defaulted: bool = False) -> str | None:
+    """``ttft<=800ms, total<=5000ms`` (``default ttft<=5000ms`` when ``defaulted``) or None
+    when the request has no objective."""
     parts = []
     if req.slo_ttft_ms is not None:
         parts.append(f"ttft<={req.slo_ttft_ms:g}ms")
     if req.slo_total_ms is not None:
         parts.append(f"total<={req.slo_total_ms:g}ms")
-    return ", ".join(parts) or None
+    text = ", ".join(parts)
+    return (f"default {text}" if defaulted else text) or None
 
 
 def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     """The worst ratio of tail prediction to objective over the objectives the request
     sets (1.5: 50% over; <= 1: feasible). Only those objectives count: a TTFT objective
-    says nothing about generation speed. Unmeasured counts as 0 (feasible, explored)."""
-    ratios = [0.0]
+    says nothing about generation speed. Unmeasured counts as 0 (feasible, explored) when
+    idle, and as just infeasible (after the feasible targets, before those known to miss)
+    while a request is already measuring it: one request explores a new target, not the
+    whole burst that came with it."""
     first, whole = ttft_tail_s(req, health, z), total_s(req, health, z)
+    if first is None and health.in_flight > 0:
+        return _BUSY_UNMEASURED
+    ratios = [0.0]
     if first is not None and req.slo_ttft_ms is not None:
         ratios.append(first * 1000 / max(req.slo_ttft_ms, 1e-9))
     if whole is not None and req.slo_total_ms is not None:

@@ -199,8 +199,10 @@ def check_deadline_fallback(gateway: Gateway, upstream: SlowOpenAI) -> None:
 
     hanging = target(gateway, "patient/m-hang")
     assert hanging["breaker"] == "closed", hanging
-    assert hanging["ttft_s"] is not None and hanging["ttft_s"] >= 1.5, hanging
-    assert hanging["ttft_base_s"] is not None and hanging["ttft_base_s"] >= 1.5, hanging
+    # A cut is no sample (its TTFT is unknown, only more than the wait): it leaves a
+    # penalty on the target's predictions and, never measured, a floor at the wait.
+    assert hanging["ttft_s"] is None and hanging["ttft_base_s"] is None, hanging
+    assert hanging["ttft_penalty"] > 1.9 and hanging["ttft_floor_s"] > 1.4, hanging
     assert hanging["in_flight"] == 0, hanging  # the cut attempt let go of the target
     assert target(gateway, "patient/m-backup")["breaker"] == "closed"
 
@@ -229,25 +231,18 @@ def test_without_an_objective_the_first_token_timeout_applies(
     assert timed_out["breaker"] == "open", timed_out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source bug: a cut's inflated stand-in sample raises the target's patience "
-    "(routers/deadlines.py patience_s, policies/latency.py observe_cut), so each later "
-    "request waits longer for the hanging target (1.5 s, then 4.5 s, then 9.5 s) whatever "
-    "its objective",
-)
 def test_a_second_request_with_an_objective_is_not_held_by_a_known_hanging_target(
     gateway: Gateway, upstream: SlowOpenAI
 ) -> None:
-    """After one cut, the hanging target is measured (its estimate is the cut's stand-in)
-    and the backup too (a few ms): a request with a 500 ms objective has every reason to
-    leave the hanging target by ~0.5 s; it should not wait for it several times longer."""
+    """After one cut the hanging target carries a cut penalty (not a measurement: its
+    patience stays unknown) and the backup is measured (a few ms): a request with a 500 ms
+    objective leaves the hanging target by ~0.5 s instead of waiting longer each time."""
     first = stream_once(gateway, "deadline-again", {SLO: "1500"})
     assert first.status == 200 and first.served == "m-backup-again", first.reason
     second = stream_once(gateway, "deadline-again", {SLO: "500"})
     assert second.status == 200 and second.served == "m-backup-again", second.reason
     assert upstream.hung["m-hang-again"] == 2
-    # Generous: the objective is 0.5 s; the patience rule waits 4.5 s here.
+    # Generous: the objective is 0.5 s (a stand-in sample in the fits made it 4.5 s).
     assert second.elapsed_s < 2.5, second.elapsed_s
 
 
@@ -361,8 +356,13 @@ def test_slo_routing_spills_over_when_the_cheap_target_queues(
 ) -> None:
     """No metrics feed: the gateway learns the cheap target's TTFT-vs-in-flight curve from
     its own counts, and stops sending it requests it would queue past the objective."""
-    # Warm-up: 8 at once, no objective (the default 5 s one steers them): all go to the
-    # cheap target, which serves 2 at a time, so their TTFTs are 0.3, 0.3, 0.6 ... 1.2 s.
+    # One request measures the cheap target (an unmeasured target is explored by one
+    # request at a time: a burst at cold start would spread over both).
+    assert asyncio.run(burst(gateway, 1, None)).answers[0].served == "m-queue"
+    # Warm-up: 8 at once, twice, no objective (the default 5 s one steers them): all go
+    # to the cheap target, which serves 2 at a time, so their TTFTs are 0.3, 0.3, 0.6 ...
+    # 1.2 s. (The curve reads a band with one sample at half its value: twice is enough.)
+    assert {a.served for a in asyncio.run(burst(gateway, 8, None)).answers} == {"m-queue"}
     warm = asyncio.run(burst(gateway, 8, None))
     assert [a.status for a in warm.answers] == [200] * 8
     assert {a.served for a in warm.answers} == {"m-queue"}, [a.reason for a in warm.answers]
@@ -383,9 +383,11 @@ def test_slo_routing_spills_over_when_the_cheap_target_queues(
     on_fast = [a for a in answers if a.served == "m-fast"]
     assert len(on_cheap) + len(on_fast) == 12, described
     assert on_cheap, f"the cheap target got nothing, though it had free slots: {described}"
-    assert len(on_fast) >= 7, described
-    # The fake's own count: the cheap upstream never held more than a few at once.
-    assert upstream.max_active["m-queue"] <= 5, dict(upstream.max_active)
+    # 2 slots of 0.3 s: the 7th request in line would start after 1.2 s, so about six
+    # fit in the objective; the rest must go to the fast target.
+    assert len(on_fast) >= 4, described
+    # The fake's own count: the cheap upstream never held many more than fit.
+    assert upstream.max_active["m-queue"] <= 7, dict(upstream.max_active)
     for answer in on_cheap:
         assert answer.reason.startswith("slo: cheapest meeting ttft<=1000ms"), answer.reason
     # What kept the rest off it: the load factor for what it held, not its no-load TTFT.

@@ -145,21 +145,28 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
     )
     stats.observe_tokens("a", 10, 0.2)
     assert stats.health("a") == TargetHealth(
-        ttft_s=0.4, tpot_s=0.02, ttft_base_s=0.4, ttft_per_token_s=0.0, ttft_spread=None
+        ttft_s=0.4,
+        tpot_s=0.02,
+        ttft_base_s=0.4,
+        ttft_per_token_s=0.0,
+        ttft_spread=None,
+        ttft_age_s=0.0,
     )
 
 
-def test_ttft_model_is_forgotten_after_the_default_max_age():
+def test_ttft_model_is_forgotten_after_the_default_max_ages():
+    """The fast fit after 300 s; the slow one (what the prediction relaxed to) after 12x
+    that; then the target reads as unmeasured."""
     clock = FakeClock()
     stats = LatencyStats(clock)
     assert stats.max_age_s == DEFAULT_MAX_AGE_S == 300
     stats.observe_ttft("a", 9.0, prompt_tokens=100)
-    clock.advance(300)
-    assert stats.ttft_model("a") is not None
-    clock.advance(0.1)
-    assert stats.ttft_model("a") is None and stats.health("a") == TargetHealth()
-    stats.observe_ttft("a", 0.3, prompt_tokens=5000)  # a fresh fit, not mixed with 9 s
+    clock.advance(300.1)
+    assert stats.ttft_model("a") == TtftModel(9.0, 0.0, None)  # the slow fit
+    stats.observe_ttft("a", 0.3, prompt_tokens=5000)  # a fresh fast fit, not mixed with 9 s
     assert stats.ttft_model("a") == TtftModel(0.3, 0.0, None)
+    clock.advance(3600.1)
+    assert stats.ttft_model("a") is None and stats.health("a") == TargetHealth()
 
 
 lines = st.tuples(st.floats(0.01, 5), st.floats(0, 1e-3))

@@ -305,7 +305,8 @@ def test_slo_unmeasured_counts_as_feasible_and_no_objective_is_lowest_cost():
     ranked = Slo().plan(req, candidates, health, random.Random(0))
     assert names(ranked) == ["new", "known"]
     assert "unmeasured, explored" in ranked[0].reason
-    plain = Slo().plan(RouteRequest(model="a"), candidates, health, random.Random(0))
+    by_cost_only = Slo(SloStrategy(default_ttft_ms=None))
+    plain = by_cost_only.plan(RouteRequest(model="a"), candidates, health, random.Random(0))
     assert names(plain) == ["new", "known"]
     assert plain[0].reason.startswith("slo: no objective; cheapest")
 

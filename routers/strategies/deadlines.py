@@ -1,0 +1,109 @@
+"""First-token deadlines: how long each planned target may take to start a streamed answer
+before the gateway moves on, so that the request's TTFT objective can still be met.
+
+Without them a target that hangs holds a request with a 3 s objective for the whole
+first-token timeout (60 s by default, often set to 10 s) before the fallback starts.
+With them, each planned target but the last gets a ``Deadline``:
+
+- ``by_s``, counted from the request's start: ``objective - tail(next target) - 50 ms``,
+  the latest moment that still leaves the next target its p99 TTFT prediction
+  (``predict.ttft_tail_s``) and the switch to meet the objective. An unmeasured next
+  target reserves nothing.
+- ``patience_s``, counted from the attempt's own start: the later of the target's p90
+  TTFT prediction and 1.5 x its mean one (at least ``MIN_PATIENCE_S``). The attempt is
+  never cut before it: a healthy target is rarely given up on (each cut throws away a
+  request that was about to start and starts it again from nothing; cutting at the slack
+  alone gives up on a 0.45 s target at 0.4 s when the next one needs 0.6 s of a 1 s
+  objective), while a hanging one is left once it is clearly late. Not p99: a target with
+  a wide spread (p99 past the slack) would then hold every request through a hang
+  until the objective is lost, though moving on at the slack still meets it.
+  Measured from the attempt, not the request: time the request spent before it (queueing,
+  earlier targets) says nothing about this target. An unmeasured target has none.
+
+When the slack is under ``MIN_SHARE`` of the objective the next target cannot save it, and
+cutting early would only throw away an answer that was coming: the target then gets its
+*hang patience* (the objective, its p99.9, 3 x its mean, whichever is latest), which only
+catches a target that hangs. Patience comes from measurements only, never from the cut
+penalty (a target cut before must not be waited on longer for it). The last target has no
+deadline (its own timeouts apply: an answer late is better than none), nor do requests
+without a TTFT objective (patience alone would cut a target whose queue the load curve has
+not learnt yet, and so never let it learn). A strategy may set a target's deadline itself
+(``Ranked.deadline``: exploration tries a target predicted to be slow, which must be cut
+by the slack whatever its patience).
+
+Pure: ``first_token_deadlines`` reads the request and the health snapshot only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import msgspec
+from msgspec import Struct
+
+from core.routing import HealthView, RouteRequest, TargetHealth
+from routers.strategies.predict import ttft_s, ttft_tail_s
+from routers.targets import Target
+
+MIN_SHARE = 0.25  # slack below this share of the objective cannot save it
+PATIENCE_Z = 1.2816  # the standard normal's 90th percentile
+PATIENCE_MEAN_MULTIPLE = 1.5
+RESERVE_Z = 2.3263  # what the next target is reserved: its p99 TTFT
+SWITCH_S = 0.05  # and the moving on itself (cancel, plan, connect)
+HANG_Z = 3.0902  # p99.9
+HANG_MEAN_MULTIPLE = 3.0
+MIN_PATIENCE_S = 0.25  # below this, the gateway's own scheduling noise decides
+
+
+class Deadline(Struct, frozen=True):
+    """When an attempt is given up without a first token: at ``by_s`` after the request's
+    start, but never before ``patience_s`` after the attempt's start (None: no patience)."""
+
+    by_s: float
+    patience_s: float | None = None
+
+    def window_s(self, request_elapsed_s: float) -> float:
+        """Seconds an attempt starting ``request_elapsed_s`` into the request may wait."""
+        left = self.by_s - request_elapsed_s
+        return left if self.patience_s is None else max(left, self.patience_s)
+
+
+def patience_s(req: RouteRequest, health: TargetHealth) -> float | None:
+    """How long a target is given before it counts as hanging (see the module
+    docstring), from its measurements only; None when unmeasured."""
+    measured = msgspec.structs.replace(health, ttft_penalty=1.0, ttft_floor_s=None)
+    tail, mean = ttft_tail_s(req, measured, PATIENCE_Z), ttft_s(req, measured)
+    if tail is None or mean is None:
+        return None
+    return max(tail, PATIENCE_MEAN_MULTIPLE * mean, MIN_PATIENCE_S)
+
+
+def hang_patience_s(req: RouteRequest, health: TargetHealth, objective_s: float) -> float:
+    """How long a target is given when no later target could still meet the objective:
+    the later of the objective itself, its p99.9 prediction and 3 x its mean one. Cutting
+    it sooner cannot save the objective, only throw away an answer that was coming; this
+    only catches a target that hangs."""
+    measured = msgspec.structs.replace(health, ttft_penalty=1.0, ttft_floor_s=None)
+    tail, mean = ttft_tail_s(req, measured, HANG_Z), ttft_s(req, measured)
+    return max(objective_s, tail or 0.0, HANG_MEAN_MULTIPLE * (mean or 0.0))
+
+
+def first_token_deadlines(
+    req: RouteRequest, ordered: Sequence[Target], health: HealthView, z: float = RESERVE_Z
+) -> dict[str, Deadline]:
+    """Each planned target's deadline but the last's (see the module docstring); empty
+    without a TTFT objective."""
+    if req.slo_ttft_ms is None:
+        return {}
+    objective = req.slo_ttft_ms / 1000.0
+    deadlines: dict[str, Deadline] = {}
+    for current, following in itertools.pairwise(ordered):
+        now = health.health(current.label)
+        reserve = ttft_tail_s(req, health.health(following.label), z)
+        slack = objective - (SWITCH_S + reserve if reserve is not None else 0.0)
+        if slack < MIN_SHARE * objective:  # the next one cannot save the objective
+            deadlines[current.label] = Deadline(0.0, hang_patience_s(req, now, objective))
+        else:
+            deadlines[current.label] = Deadline(slack, patience_s(req, now))
+    return deadlines

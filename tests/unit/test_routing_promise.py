@@ -1,0 +1,455 @@
+"""The routing promise's pure parts (issue 18): the load curve and in-flight counts, the
+latency stats' load correction, relaxation and cut attempts, first-token deadlines, the
+SLO strategy's default objective and exploration, the executor's deadline cuts, goodput."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.clock import FakeClock
+from core.config import RoutingConfig
+from core.config_routing import SloStrategy
+from core.config_tenants import Price
+from core.errors import AttemptDeadlineError, UpstreamTimeoutError
+from core.protocols import Capabilities, Timeouts
+from core.routing import RouteRequest, TargetHealth
+from policies.breaker.machine import classify
+from policies.cuts import CUT_FACTOR, MAX_PENALTY, CutPenalties
+from policies.goodput import GoodputMeter
+from policies.latency import LatencyStats
+from policies.load import BAND_EDGES, MAX_FACTOR, LoadCurve, TargetLoad, band_of
+from routers.executor import Attempt, Executor, Trace
+from routers.strategies.deadlines import Deadline, first_token_deadlines, patience_s
+from routers.strategies.predict import ttft_s
+from routers.strategies.slo import Slo
+from routers.targets import Target
+
+
+# ---------------------------------------------------------------- load curve
+def test_bands_are_exact_at_low_counts_and_wider_above():
+    assert [band_of(n) for n in (0, 1, 4, 8, 9, 10, 11)] == [0, 1, 4, 8, 8, 9, 9]
+    assert band_of(-3) == 0 and band_of(10_000) == len(BAND_EDGES) - 1
+
+
+def test_factor_is_relative_to_the_least_loaded_band():
+    curve = LoadCurve(FakeClock(), alpha=1.0)
+    assert curve.factor("a", 5) == 1.0  # nothing known
+    curve.observe("a", 1, actual_s=1.2, no_load_s=1.0)  # the base under-predicts a bit
+    assert curve.factor("a", 1) == 1.0 and curve.factor("a", 0) == 1.0  # one band: 1
+    curve.observe("a", 6, actual_s=3.6, no_load_s=1.0)
+    assert curve.factor("a", 6) == pytest.approx(3.0)  # 3.6 / 1.2
+    assert curve.factor("a", 3) == pytest.approx(1.0)  # below 6: as the band below
+
+
+def test_factor_never_falls_with_load_and_noise_is_pooled_not_maximised():
+    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve.observe("a", 0, 1.0, 1.0)
+    curve.observe("a", 4, 4.0, 1.0)
+    curve.observe("a", 6, 2.0, 1.0)  # quicker than at 4: the two are pooled (one each)
+    assert curve.factor("a", 4) == curve.factor("a", 6) == pytest.approx(math.sqrt(8.0))
+    for _ in range(3):  # three more samples at 6: it weighs 4 to 1 in the pool
+        curve.observe("a", 6, 2.0, 1.0)
+    assert curve.factor("a", 6) == pytest.approx(math.exp((math.log(4) + 4 * math.log(2)) / 5))
+
+
+def test_above_the_last_band_the_factor_grows_linearly():
+    """Little's law: a queue in front of fixed slots grows its wait with its length."""
+    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve.observe("a", 2, 1.0, 1.0)
+    curve.observe("a", 6, 3.0, 1.0)
+    assert curve.factor("a", 14) == pytest.approx(3.0 + (3.0 - 1.0) / (6 - 2) * (14 - 6))
+    curve.observe("a", 20, 1e9, 1.0)
+    assert curve.factor("a", 20) == MAX_FACTOR
+
+
+def test_flat_curves_stay_flat_when_extended():
+    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve.observe("a", 0, 1.0, 1.0)
+    curve.observe("a", 3, 0.9, 1.0)
+    assert curve.factor("a", 40) == 1.0
+
+
+def test_stale_bands_are_forgotten_and_nonsense_ignored():
+    clock = FakeClock()
+    curve = LoadCurve(clock, alpha=1.0, max_age_s=60)
+    curve.observe("a", 0, 1.0, 1.0)
+    curve.observe("a", 8, 5.0, 1.0)
+    curve.observe("a", 8, -1.0, 1.0)
+    curve.observe("a", 8, 1.0, 0.0)
+    curve.observe("a", 8, math.inf, 1.0)
+    assert curve.factor("a", 8) == pytest.approx(5.0)
+    clock.advance(61)
+    assert curve.factor("a", 8) == 1.0
+    curve.observe("a", 8, 2.0, 1.0)
+    curve.forget("a")
+    assert curve.factor("a", 8) == 1.0
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 200), st.floats(0.01, 100), st.floats(0.01, 100)), max_size=40
+    ),
+    st.integers(0, 300),
+    st.integers(0, 300),
+)
+def test_factor_is_at_least_one_and_monotone(samples, n, m):
+    curve = LoadCurve(FakeClock(), alpha=0.3)
+    for in_flight, actual, base in samples:
+        curve.observe("a", in_flight, actual, base)
+    low, high = sorted((n, m))
+    assert 1.0 <= curve.factor("a", low) <= curve.factor("a", high) <= MAX_FACTOR
+
+
+def test_target_load_counts_what_is_held():
+    load = TargetLoad()
+    assert [load.enter("a"), load.enter("a"), load.enter("b")] == [0, 1, 0]
+    load.leave("a")
+    assert (load.count("a"), load.count("b"), load.count("c")) == (1, 1, 0)
+    load.leave("a")
+    load.leave("a")  # one too many never goes negative
+    assert load.count("a") == 0
+
+
+# ---------------------------------------------------------------- latency stats
+def test_samples_under_load_teach_the_curve_not_the_no_load_fit():
+    stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    for _ in range(10):
+        stats.observe_ttft("a", 0.5, prompt_tokens=100, in_flight=0)
+        stats.observe_ttft("a", 2.0, prompt_tokens=100, in_flight=8)
+    assert stats.health("a", 8).ttft_load_factor == pytest.approx(4.0, rel=0.02)
+    idle = stats.health("a", 0)
+    assert idle.ttft_load_factor == 1.0 and idle.in_flight == 0
+    assert stats.ttft_model("a").predict(100) == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_quiet_target_relaxes_towards_its_longer_run():
+    clock = FakeClock()
+    stats = LatencyStats(clock, alpha=0.5, prior_tokens=0, slow_alpha=0.02)
+    for _ in range(50):
+        stats.observe_ttft("a", 0.5, prompt_tokens=0)
+    for _ in range(3):  # an unlucky spell
+        stats.observe_ttft("a", 4.0, prompt_tokens=0)
+    fast = stats.ttft_model("a").base_s
+    assert fast > 3.0
+    slow_fit = stats._slow["a"]
+    slow = slow_fit.mean_y  # the slow fit's level (flat prompts: the line is its mean)
+    assert slow < 1.0
+    clock.advance(60)  # two half-lives: a quarter of the fast fit is left
+    assert stats.ttft_model("a").base_s == pytest.approx(0.25 * fast + 0.75 * slow)
+    assert stats.health("a").ttft_age_s == 60
+
+
+def test_cut_attempts_raise_a_decaying_penalty_not_the_fits():
+    clock = FakeClock()
+    stats = LatencyStats(clock, alpha=1.0, prior_tokens=0)
+    stats.attempt_finished("a", error="AttemptDeadlineError", ttft_s=0.6, retryable=False)
+    assert stats.ttft_model("a") is None and stats.estimate("a") == (None, None)
+    never_measured = stats.health("a")
+    assert (never_measured.ttft_penalty, never_measured.ttft_floor_s) == (CUT_FACTOR, 0.6)
+    req = RouteRequest(model="alias")
+    assert ttft_s(req, never_measured) == pytest.approx(1.2)  # floor x penalty
+    stats.observe_ttft("a", 2.0, prompt_tokens=10, in_flight=0)  # a real sample clears it
+    assert stats.health("a").ttft_penalty == 1.0
+    for _ in range(2):  # the second was sent after the first was cut: it compounds
+        clock.advance(1.0)
+        stats.attempt_finished(
+            "a", error="AttemptDeadlineError", ttft_s=0.6, retryable=False, prompt_tokens=10
+        )
+    twice = CUT_FACTOR * (1 + (CUT_FACTOR - 1) * 0.5 ** (1 / 30))  # 1 s of decay between
+    cut = stats.health("a")
+    assert cut.ttft_penalty == pytest.approx(twice) and stats.ttft_model("a").predict(10) == 2.0
+    assert cut.ttft_penalty_from_tokens == 5  # half the prompt cut
+    long = msgspec.structs.replace(req, prompt_tokens=10)
+    assert ttft_s(long, cut) == pytest.approx(2.0 * twice)
+    assert ttft_s(req, cut) == pytest.approx(2.0)  # a smaller prompt: no penalty
+    stats.observe_ttft("a", 2.0, prompt_tokens=4)  # a smaller prompt served: still cut
+    assert stats.health("a").ttft_penalty == pytest.approx(twice)
+    stats.attempt_finished(  # sent with those two, before the last cut: no new evidence
+        "a", error="AttemptDeadlineError", ttft_s=1.5, retryable=False, prompt_tokens=10
+    )
+    assert stats.health("a").ttft_penalty == pytest.approx(twice)
+    assert stats.health("a").ttft_floor_s == 1.5
+    clock.advance(30)  # one half-life: the excess over 1 halves
+    assert stats.health("a").ttft_penalty == pytest.approx(1 + (twice - 1) / 2)
+    clock.advance(300)
+    assert stats.health("a").ttft_penalty == 1.0
+    stats.attempt_finished("a", error="UpstreamTimeoutError", ttft_s=9.0, retryable=False)
+    assert stats.health("a").ttft_penalty == 1.0  # failures are not cuts
+
+
+@given(st.lists(st.floats(0, 100), max_size=30), st.floats(0, 1000))
+def test_penalties_stay_between_one_and_the_cap(waits, later):
+    clock = FakeClock()
+    cuts = CutPenalties(clock)
+    for wait in waits:
+        cuts.cut("a", wait)
+    clock.advance(later)
+    penalty, floor, _ = cuts.read("a")
+    assert 1.0 <= penalty <= MAX_PENALTY
+    assert floor is None or floor == max(waits)
+
+
+def test_patience_ignores_the_cut_penalty():
+    """A target cut before must not be waited on longer the next time."""
+    req = RouteRequest(model="alias", slo_ttft_ms=500)
+    measured = TargetHealth(ttft_s=1.0)
+    penalised = TargetHealth(ttft_s=1.0, ttft_penalty=8.0, ttft_floor_s=3.0)
+    assert patience_s(req, measured) == patience_s(req, penalised) == 1.5
+    assert patience_s(req, TargetHealth(ttft_floor_s=3.0, ttft_penalty=2.0)) is None
+
+
+def test_breakers_ignore_deadline_cuts():
+    assert classify("AttemptDeadlineError") == "neutral"
+    assert issubclass(AttemptDeadlineError, UpstreamTimeoutError)
+    assert AttemptDeadlineError("x").fallback_ok and not AttemptDeadlineError("x").retryable
+
+
+# ---------------------------------------------------------------- deadlines
+def tgt(name: str, price: float | None = None) -> Target:
+    return Target(
+        alias="alias",
+        provider_name=name,
+        model="m",
+        provider=Answers(),
+        timeouts=Timeouts(),
+        price=None if price is None else Price(input_per_mtok=price, output_per_mtok=price),
+    )
+
+
+class Health:
+    def __init__(self, **by_provider: TargetHealth) -> None:
+        self.by_label = {f"{name}/m": h for name, h in by_provider.items()}
+
+    def health(self, label: str) -> TargetHealth:
+        return self.by_label.get(label, TargetHealth())
+
+
+def test_each_target_but_the_last_leaves_the_next_time_to_meet_the_objective():
+    req = RouteRequest(model="alias", slo_ttft_ms=3000)
+    health = Health(
+        a=TargetHealth(ttft_s=0.4, ttft_spread=0.2),
+        b=TargetHealth(ttft_s=0.5),
+        c=TargetHealth(ttft_s=2.5),
+    )
+    plan = [tgt("a"), tgt("b"), tgt("c")]
+    deadlines = first_token_deadlines(req, plan, health, z=0.0)
+    # a: by 3 - 0.5 for b - 0.05 to switch; its patience max(0.4 e^(1.28 x 0.2), 1.5 x 0.4).
+    # b: c needs 2.5 s of 3: too little left to save the objective by moving on, so b
+    # gets its hang patience: max(the objective, its p99.9, 3 x its mean).
+    assert deadlines == {
+        "a/m": Deadline(pytest.approx(2.45), pytest.approx(0.6)),
+        "b/m": Deadline(0.0, 3.0),
+    }
+    assert deadlines["a/m"].window_s(0.1) == pytest.approx(2.35)  # the slack left
+    assert deadlines["b/m"].window_s(2.8) == 3.0  # from its own start
+
+
+def test_a_healthy_target_gets_its_patience_even_when_the_next_is_about_as_quick():
+    """Cutting at ``objective - tail(next)`` alone would give up on a 0.45 s target at
+    0.4 s because the next one needs 0.6 s of a 1 s objective: half its answers thrown
+    away to start over slower."""
+    req = RouteRequest(model="alias", slo_ttft_ms=1000)
+    health = Health(a=TargetHealth(ttft_s=0.45, ttft_spread=0.4), b=TargetHealth(ttft_s=0.6))
+    deadline = first_token_deadlines(req, [tgt("a"), tgt("b")], health, z=0.0)["a/m"]
+    assert deadline.window_s(0.0) == pytest.approx(0.45 * math.exp(1.2816 * 0.4))  # its p90
+    fast = Health(a=TargetHealth(ttft_s=0.01), b=TargetHealth(ttft_s=0.6))
+    assert first_token_deadlines(req, [tgt("a"), tgt("b")], fast)["a/m"].patience_s == 0.25
+
+
+def test_no_objective_no_deadlines_unmeasured_gets_the_slack_else_hang_patience():
+    plan = [tgt("a"), tgt("b"), tgt("c")]
+    health = Health(b=TargetHealth(ttft_s=0.3), c=TargetHealth(ttft_s=0.7))
+    assert first_token_deadlines(RouteRequest(model="alias"), plan, health) == {}
+    one = RouteRequest(model="alias", slo_ttft_ms=800)
+    assert first_token_deadlines(one, plan[:1], health) == {}
+    got = first_token_deadlines(one, plan, health, z=0.0)
+    assert got["a/m"] == Deadline(pytest.approx(0.45))  # unmeasured: the slack b leaves
+    assert got["b/m"] == Deadline(0.0, pytest.approx(0.9))  # c cannot save it: 3 x 0.3
+    unknown_next = first_token_deadlines(one, [tgt("a"), tgt("x")], health)
+    assert unknown_next == {"a/m": Deadline(0.8)}  # nothing reserved for x
+
+
+# ---------------------------------------------------------------- SLO strategy
+class FixedRandom(random.Random):
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+LOOSE = RouteRequest(model="alias", prompt_tokens=100, max_tokens=100, slo_ttft_ms=3000)
+STALE_SLOW = TargetHealth(ttft_s=4.0, ttft_age_s=30.0)
+FAST = TargetHealth(ttft_s=0.3, ttft_age_s=0.0)
+
+
+def test_requests_without_an_objective_get_the_default_one():
+    health = Health(cheap=TargetHealth(ttft_s=0.2, ttft_load_factor=40.0), dear=FAST)
+    plan = Slo().plan(
+        RouteRequest(model="alias"), [tgt("cheap", 0.1), tgt("dear", 5.0)], health, FixedRandom(0.9)
+    )
+    assert [r.target.provider_name for r in plan] == ["dear", "cheap"]  # 8 s loaded > 5 s
+    assert "default ttft<=5000ms" in plan[0].reason
+
+
+def test_loose_requests_sometimes_explore_a_stale_cheaper_target_first():
+    candidates = [tgt("cheap", 0.1), tgt("dear", 5.0)]
+    health = Health(cheap=STALE_SLOW, dear=FAST)
+    plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.01))
+    assert [r.target.provider_name for r in plan] == ["cheap", "dear"]
+    assert plan[0].deadline == Deadline(pytest.approx(3.0 - 0.3))  # in time for dear
+    assert plan[0].reason.startswith("slo: exploring (estimate 30s old")
+    assert "cut in time for dear/m" in plan[0].reason
+    unlucky = Slo().plan(LOOSE, candidates, health, FixedRandom(0.06))  # over the 5% share
+    assert [r.target.provider_name for r in unlucky] == ["dear", "cheap"]
+
+
+@pytest.mark.parametrize(
+    ("req", "cheap", "config"),
+    [
+        (RouteRequest(model="alias", slo_ttft_ms=500), STALE_SLOW, SloStrategy()),  # tight
+        (LOOSE, TargetHealth(ttft_s=4.0, ttft_age_s=5.0), SloStrategy()),  # fresh estimate
+        (LOOSE, STALE_SLOW, SloStrategy(explore_share=0)),  # off
+        (  # only the default objective (5 s): no deadline would protect the try
+            RouteRequest(model="alias"),
+            TargetHealth(ttft_s=8.0, ttft_age_s=30.0),
+            SloStrategy(),
+        ),
+    ],
+)
+def test_no_exploration_without_slack_staleness_share_or_a_real_objective(req, cheap, config):
+    plan = Slo(config).plan(
+        req, [tgt("cheap", 0.1), tgt("dear", 5.0)], Health(cheap=cheap, dear=FAST), FixedRandom(0)
+    )
+    assert plan[0].target.provider_name == "dear"
+
+
+def test_one_unknown_target_at_a_time_counts_as_feasible():
+    """Cold start: only the cheapest idle unmeasured target is tried first; a busy one, or
+    a dearer unknown one, ranks after the measured feasible target, so a request never
+    walks a chain of unknowns that each get the whole objective."""
+    candidates = [tgt("new1", 0.1), tgt("new2", 0.2), tgt("busy", 0.05), tgt("known", 5.0)]
+    health = Health(busy=TargetHealth(in_flight=1), known=FAST)
+    plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["new1", "known", "busy", "new2"]
+
+
+def test_only_cheaper_targets_are_explored():
+    plan = Slo().plan(
+        LOOSE,
+        [tgt("cheap", 0.1), tgt("dearer", 9.0)],
+        Health(cheap=FAST, dearer=STALE_SLOW),
+        FixedRandom(0),
+    )
+    assert [r.target.provider_name for r in plan] == ["cheap", "dearer"]
+
+
+# ---------------------------------------------------------------- executor
+class Hangs:
+    capabilities = Capabilities()
+    name = "hangs"
+
+    async def stream_chat(self, req, ctx):
+        await asyncio.sleep(30)
+        yield "never"
+
+
+class Answers:
+    capabilities = Capabilities()
+    name = "answers"
+
+    async def stream_chat(self, req, ctx):
+        yield "first"
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def attempt_started(self, label):
+        self.events.append(("start", label))
+
+    def attempt_finished(self, label, *, error, ttft_s, retryable):
+        self.events.append(("end", label, error, ttft_s is not None))
+
+
+def live(provider, first_token=20.0):
+    return Target(
+        alias="alias",
+        provider_name=provider.name,
+        model="m",
+        provider=provider,
+        timeouts=Timeouts(total=60.0, first_token=first_token),
+    )
+
+
+@pytest.mark.anyio
+async def test_an_attempt_past_its_deadline_is_cut_and_the_plan_moves_on():
+    trace, seen = Trace(), Recorder()
+    first, _ = await Executor(RoutingConfig()).open_stream(
+        "alias",
+        [live(Hangs()), live(Answers())],
+        lambda t: t.provider.stream_chat(None, None),
+        trace,
+        observer=seen,
+        deadlines={"hangs/m": Deadline(0.2)},
+    )
+    assert first == "first" and trace.served_by.provider_name == "answers"
+    assert trace.attempts[0].error == "AttemptDeadlineError"
+    # The cut attempt reports how long it waited (a lower bound of its TTFT).
+    assert ("end", "hangs/m", "AttemptDeadlineError", True) in seen.events
+
+
+@pytest.mark.anyio
+async def test_a_target_whose_deadline_already_passed_is_skipped():
+    trace = Trace()
+    first, _ = await Executor(RoutingConfig()).open_stream(
+        "alias",
+        [live(Hangs()), live(Answers())],
+        lambda t: t.provider.stream_chat(None, None),
+        trace,
+        deadlines={"hangs/m": Deadline(-1.0)},
+    )
+    assert first == "first" and trace.attempts == [Attempt("answers/m")]
+    assert [(s.label, s.reason) for s in trace.skipped] == [("hangs/m", "deadline passed")]
+
+
+@pytest.mark.anyio
+async def test_the_targets_own_timeout_applies_when_it_is_sooner():
+    trace = Trace()
+    await Executor(RoutingConfig()).open_stream(
+        "alias",
+        [live(Hangs(), first_token=0.05), live(Answers())],
+        lambda t: t.provider.stream_chat(None, None),
+        trace,
+        deadlines={"hangs/m": Deadline(10.0)},
+    )
+    assert trace.attempts[0].error == "UpstreamTimeoutError"
+
+
+# ---------------------------------------------------------------- goodput
+def test_goodput_counts_met_objectives_per_second_over_the_window():
+    clock = FakeClock()
+    meter = GoodputMeter(clock, window_s=10)
+    assert meter.record("m", objective_ms=800, ttft_s=0.5, ok=True) is True
+    assert meter.record("m", objective_ms=800, ttft_s=0.9, ok=True) is False
+    assert meter.record("m", objective_ms=800, ttft_s=0.1, ok=False) is False  # failed
+    assert meter.record("m", objective_ms=None, ttft_s=0.1, ok=True) is None
+    clock.advance(5)
+    meter.record("m", objective_ms=3000, ttft_s=1.0, ok=True)
+    got = meter.snapshot()["m"]
+    assert (got.requests, got.with_objective, got.met) == (5, 4, 2)
+    assert got.goodput_per_s == pytest.approx(0.2) and got.attainment == 0.5
+    clock.advance(6)  # the first second left the window
+    got = meter.snapshot()["m"]
+    assert (got.requests, got.met) == (1, 1)
+    clock.advance(10)
+    assert meter.snapshot() == {}
