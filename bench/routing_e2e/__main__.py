@@ -24,7 +24,7 @@ from bench.routing_e2e.runner import POLICIES, PolicyRun, Settings, run_group
 FEEDS = {"both": ("none", "metrics"), "none": ("none",), "metrics": ("metrics",)}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None]:
+def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None, Path | None]:
     p = argparse.ArgumentParser(prog="python -m bench.routing_e2e", description=__doc__)
     p.add_argument("--seeds", default="1,2,3", help="comma-separated trace seeds")
     p.add_argument("--requests", type=int, default=600)
@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None]:
     p.add_argument("--parallel", type=int, default=5, help="policies side by side")
     p.add_argument("--workdir", type=Path, help="keep gateway configs and logs here")
     p.add_argument("--json", type=Path, help="write per-seed and aggregated figures here")
+    p.add_argument(
+        "--requests-out", type=Path, help="write one JSON line per request (route reasons)"
+    )
     a = p.parse_args(argv)
     settings = Settings(
         seeds=tuple(int(s) for s in a.seeds.split(",") if s),
@@ -55,7 +58,29 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None]:
     for policy in settings.policies:
         if policy not in POLICIES:
             p.error(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    return settings, a.json
+    return settings, a.json, a.requests_out
+
+
+def write_requests(path: Path, runs: list[PolicyRun]) -> None:
+    """One JSON line per request and policy: what was asked, who served, why, how fast."""
+    with path.open("w") as out:
+        for run in runs:
+            for req, got in zip(run.trace, run.outcomes, strict=True):
+                line = {
+                    "seed": run.seed,
+                    "feed": run.feed,
+                    "policy": run.policy,
+                    "index": req.index,
+                    "at_s": round(req.at_s, 3),
+                    "class": req.slo_class,
+                    "prompt_tokens": req.prompt_tokens,
+                    "provider": got.provider,
+                    "ttft_s": got.ttft_s,
+                    "attempts": got.attempts,
+                    "reason": got.reason,
+                    "error": got.error,
+                }
+                out.write(json.dumps(line) + "\n")
 
 
 async def run_all(settings: Settings, log: Any = print) -> list[PolicyRun]:
@@ -92,7 +117,7 @@ def build_report(settings: Settings, runs: list[PolicyRun]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings, out = parse_args(argv)
+    settings, out, requests_out = parse_args(argv)
     groups = len(settings.seeds) * len(settings.feeds)
     print(
         f"routing_e2e: {groups} group(s) x {len(settings.policies)} policies side by side, "
@@ -122,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if out is not None:
         out.write_text(json.dumps(result, indent=2, default=str))
+    if requests_out is not None:
+        write_requests(requests_out, runs)
     return 0
 
 
