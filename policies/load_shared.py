@@ -43,6 +43,7 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
+from policies.load import TargetLoad
 from policies.store.base import MemoryData, Script, Store, StoreUnavailableError, Value
 
 KEY_PREFIX = "load:"
@@ -181,7 +182,7 @@ class SharedTargetLoad:
         self.replica_id = replica_id
         self.publish_every_s = publish_every_s
         self.ttl_s = ttl_s
-        self._counts: dict[str, int] = {}  # label -> requests this process holds
+        self._local = TargetLoad()  # the requests this process holds
         self._dirty: set[str] = set()  # labels entered or left since the last publish
         self._labels: dict[str, None] = {}  # every label to read (insertion-ordered set)
         self._others: dict[str, int] = {}  # label -> other replicas' sum at the last sync
@@ -205,27 +206,22 @@ class SharedTargetLoad:
     def enter(self, label: str) -> int:
         """Hold ``label`` for one more request; returns the count before it (this
         replica's and the others'), what its TTFT sample is filed under."""
-        before = self._counts.get(label, 0)
-        self._counts[label] = before + 1
+        before = self._local.enter(label)
         self._dirty.add(label)
         self._labels[label] = None
         return before + self.others(label)
 
     def leave(self, label: str) -> None:
-        count = self._counts.get(label, 0) - 1
-        if count > 0:
-            self._counts[label] = count
-        else:
-            self._counts.pop(label, None)
+        self._local.leave(label)
         self._dirty.add(label)
 
     def count(self, label: str) -> int:
         """Requests at ``label`` across replicas: this one's now plus the others' as of the
         last sync (local only while the store is down or the last sync is too old)."""
-        return self._counts.get(label, 0) + self.others(label)
+        return self._local.count(label) + self.others(label)
 
     def local_count(self, label: str) -> int:
-        return self._counts.get(label, 0)
+        return self._local.count(label)
 
     def others(self, label: str) -> int:
         """The other replicas' count at ``label`` at the last sync, 0 when unknown/stale."""
@@ -242,7 +238,7 @@ class SharedTargetLoad:
             return
         dirty, self._dirty = self._dirty, set()
         published = [
-            self._counts.get(label, 0) if label in self._counts or label in dirty else None
+            self._local.count(label) if self._local.count(label) or label in dirty else None
             for label in labels
         ]
         args = sync_args(self._store.now(), self.ttl_s, self.replica_id, published)
