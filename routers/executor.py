@@ -2,7 +2,7 @@
 of that target only, within the retry budget), then the next target on errors whose class
 says ``fallback_ok``; a client error (400) never fans out. Streams fall back only until their
 first chunk has arrived; after it, a gap longer than the target's idle timeout ends the
-stream with ``UpstreamTimeoutError``.
+stream with ``UpstreamTimeoutError`` (``routers.streams``).
 
 Around every attempt an optional ``AttemptObserver`` hears about it (breakers, latency
 stats); before every target (and every retry) an optional ``gate`` may refuse it (an open
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TypeVar
 
 from msgspec import Struct
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt
@@ -26,15 +26,14 @@ from core.errors import (
     AttemptDeadlineError,
     NoTargetAvailableError,
     ProviderError,
-    UpstreamMalformedError,
     UpstreamRateLimitedError,
     UpstreamServerError,
-    UpstreamTimeoutError,
 )
 from core.routing import AttemptObserver
 from routers.planner import Plan
 from routers.retry_budget import RetryBudget
 from routers.strategies.deadlines import Deadline
+from routers.streams import first_and_rest, timeout_error
 from routers.targets import Skipped, Target
 
 T = TypeVar("T")
@@ -313,7 +312,7 @@ class Executor:
         return await self.call(
             model,
             plan,
-            lambda t: _first_and_rest(t, open_stream, window_s(t)),
+            lambda t: first_and_rest(t, open_stream, window_s(t)),
             trace,
             observer=observer,
             gate=gate,
@@ -342,50 +341,7 @@ async def _within_total(target: Target, call: Callable[[Target], Awaitable[T]]) 
         async with asyncio.timeout(target.timeouts.total):
             return await call(target)
     except TimeoutError as exc:
-        raise _timeout(target, target.timeouts.total) from exc
-
-
-async def _first_and_rest(
-    target: Target, open_stream: Callable[[Target], AsyncIterator[P]], cut_after: float | None
-) -> tuple[P, AsyncIterator[P]]:
-    stream = open_stream(target)
-    try:
-        first = await _first_item(target, stream, cut_after)
-    except BaseException:
-        await close_stream(stream)  # release the upstream connection before moving on
-        raise
-    return first, _IdleGuarded(target, stream)
-
-
-class _IdleGuarded(Generic[P]):
-    """``stream`` with a deadline of ``timeouts.idle`` on every next chunk. ``aclose``
-    closes the upstream stream even when iteration never started (a class rather than an
-    async generator for that reason: closing an unstarted generator skips its cleanup)."""
-
-    def __init__(self, target: Target, stream: AsyncIterator[P]) -> None:
-        self._target = target
-        self._stream = stream
-
-    def __aiter__(self) -> _IdleGuarded[P]:
-        return self
-
-    async def __anext__(self) -> P:
-        idle = self._target.timeouts.idle
-        deadline = asyncio.timeout(idle)
-        try:
-            async with deadline:
-                return await anext(self._stream)
-        except TimeoutError as exc:
-            if not deadline.expired():
-                raise
-            await self.aclose()
-            name = self._target.provider_name
-            raise UpstreamTimeoutError(
-                f"upstream {name} sent nothing for {idle:g}s mid-stream", provider=name
-            ) from exc
-
-    async def aclose(self) -> None:
-        await close_stream(self._stream)
+        raise timeout_error(target, target.timeouts.total) from exc
 
 
 def _non_empty(model: str, plan: Sequence[Target], trace: Trace) -> Sequence[Target]:
@@ -397,40 +353,3 @@ def _non_empty(model: str, plan: Sequence[Target], trace: Trace) -> Sequence[Tar
 def _unavailable(model: str, trace: Trace) -> NoTargetAvailableError:
     skipped = "; ".join(f"{s.label}: {s.reason}" for s in trace.skipped) or "none configured"
     return NoTargetAvailableError(f"no target is available for model '{model}' ({skipped})")
-
-
-def _timeout(target: Target, seconds: float) -> UpstreamTimeoutError:
-    return UpstreamTimeoutError(
-        f"upstream {target.provider_name} did not answer within {seconds:g}s",
-        provider=target.provider_name,
-    )
-
-
-async def _first_item(target: Target, stream: AsyncIterator[P], cut_after: float | None) -> P:
-    """The stream's first item within the target's first-token timeout, or within
-    ``cut_after`` seconds when that is sooner (then ``AttemptDeadlineError``)."""
-    limit = target.timeouts.first_token
-    cut = cut_after is not None and cut_after < limit
-    try:
-        async with asyncio.timeout(cut_after if cut else limit):
-            return await anext(stream)
-    except TimeoutError as exc:
-        if cut:
-            raise AttemptDeadlineError(
-                f"upstream {target.provider_name} had not started answering after "
-                f"{cut_after:.3g}s, when the request's latency objective needed it",
-                provider=target.provider_name,
-            ) from exc
-        raise _timeout(target, limit) from exc
-    except StopAsyncIteration as exc:
-        raise UpstreamMalformedError(
-            f"upstream {target.provider_name} ended the stream before its first chunk",
-            provider=target.provider_name,
-        ) from exc
-
-
-async def close_stream(stream: AsyncIterator[Any]) -> None:
-    """Close an async generator so its upstream connection is released."""
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()

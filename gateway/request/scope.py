@@ -37,9 +37,10 @@ from gateway.request.routing_view import route_request, tenant_constraints
 from policies.pricing import cost_usd, estimate_cost
 from policies.quotas import Admission
 from policies.sticky import stable_prefix_hash
-from routers.executor import Trace, close_stream
+from routers.executor import Trace
 from routers.planner import Plan, plan_route
 from routers.sticky import prefer
+from routers.streams import close_stream
 from routers.targets import Skipped, Target
 
 _JSON = "application/json"

@@ -22,7 +22,7 @@ from core.errors import GatewayError
 from core.wire import RawStreamPart, StreamPart
 from gateway.request.record import RequestRecord
 from gateway.request.scope import CLIENT_CLOSED, Scope
-from routers.executor import close_stream
+from routers.streams import close_stream
 
 P = TypeVar("P")
 P_contra = TypeVar("P_contra", contravariant=True)

@@ -23,9 +23,10 @@ from core.errors import (
     UpstreamTimeoutError,
 )
 from core.protocols import Capabilities, Timeouts
-from routers.executor import Executor, Trace, close_stream
+from routers.executor import Executor, Trace
 from routers.planner import Plan
 from routers.retry_budget import RetryBudget
+from routers.streams import close_stream
 from routers.targets import Skipped, Target
 
 pytestmark = pytest.mark.anyio
