@@ -40,6 +40,10 @@ from core.config import ServerConfig
 
 _log = structlog.get_logger("switchyard.server")
 FD_HEADROOM = 512  # descriptors kept for upstream connections, Redis, SQLite, the engine
+# After the header deadline's timer fires, how long until the verdict: long enough that the
+# loop polls its sockets in between (timers are due in whole milliseconds), short enough not
+# to matter to the deadline.
+HEADER_RECHECK_S = 0.005
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -59,6 +63,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # request line and headers of the current request, parsed
         self._unparsed_bytes = 0  # bytes received while its headers are still incomplete
         self._refused = False  # answered with an error and closing: ignore what follows
+        self._header_rechecked = False  # the current deadline expired once and was re-armed
 
     # --- connection lifetime -----------------------------------------------------------
 
@@ -163,6 +168,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _arm_header_deadline(self) -> None:
         """Start the clock unless it runs already: the deadline is total, not per read."""
         if self._header_deadline is None and not self._refused:
+            self._header_rechecked = False
             self._header_deadline = self.loop.call_later(
                 self.limits.header_timeout_s, self._header_timed_out
             )
@@ -173,8 +179,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_deadline = None
 
     def _header_timed_out(self) -> None:
+        """The deadline passed. Judge the client only on what the loop has read by then: a
+        loop stalled past the deadline (a long callback, a GC pause, a busy machine) may run
+        this timer before it reads bytes that arrived in time, so the first expiry looks
+        again once the loop has polled its sockets."""
         self._header_deadline = None
         if self.transport.is_closing():
+            return
+        if not self._header_rechecked:
+            self._header_rechecked = True
+            self._header_deadline = self.loop.call_later(HEADER_RECHECK_S, self._header_timed_out)
             return
         if self.cycle is not None and not self.cycle.response_complete:
             # A slow pipelined request behind a response in flight: let that response

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import selectors
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -412,3 +414,26 @@ def test_many_concurrent_streams_complete(gateway: Gateway) -> None:
     done, health = asyncio.run(run())
     assert all(done), f"{done.count(False)} of 60 streams incomplete"
     assert health == 200
+
+
+def test_a_request_sent_while_the_gateway_stalls_is_answered(
+    gateway: Gateway, sockets: list[socket.socket]
+) -> None:
+    """The header deadline measures the client, not the gateway: a request that arrives in
+    time, while the gateway's loop is stalled (here: stopped) past ``header_timeout_s``, is
+    served when the loop runs again. Before: the expired timer ran before the socket was
+    read, and the connection was closed without an answer."""
+    assert gateway.process.proc is not None
+    pid = gateway.process.proc.pid
+    socks = [connect(gateway.port) for _ in range(4)]
+    sockets.extend(socks)
+    assert healthz(gateway.port) == 200  # the loop has run since: the connections are accepted
+    time.sleep(0.3)  # an idle loop sleeps in its poll, whose wake-up the stop turns into a stall
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for sock in socks:
+            sock.sendall(request_bytes())
+        time.sleep(HEADER_TIMEOUT_S + 0.5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert [read_response(sock)[0] for sock in socks] == [200] * 4
