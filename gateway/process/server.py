@@ -15,12 +15,17 @@ What uvicorn (httptools protocol, checked against 0.54) offers and what it does 
   ``send`` waits for it to resume, forever, holding the request's quota lease and
   concurrency slot.
 
+Both its timers and uvicorn's keep-alive timer look twice before closing: libuv runs due
+timers before it polls sockets again, so a loop stalled past a deadline would otherwise close
+connections whose request arrived in time, without an answer.
+
 ``GuardedHttpToolsProtocol`` adds the four, by overriding uvicorn's ``HttpToolsProtocol``
 callbacks (each calls the original): ``connection_made``, ``connection_lost``,
 ``data_received``, ``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``,
-``on_body``, ``on_message_complete``, ``pause_writing``, ``resume_writing``; and it reads
-``cycle`` (``response_complete``, ``keep_alive``), ``connections``, ``transport``, ``loop``
-and ``server_state.default_headers``. These internals have been stable since uvicorn 0.20;
+``on_body``, ``on_message_complete``, ``pause_writing``, ``resume_writing``,
+``timeout_keep_alive_handler``; and it reads ``cycle`` (``response_complete``,
+``keep_alive``), ``timeout_keep_alive_task``, ``connections``, ``transport``, ``loop`` and
+``server_state.default_headers``. These internals have been stable since uvicorn 0.20;
 tests/hostile/test_connections.py exercises every one against a real gateway process.
 """
 
@@ -64,6 +69,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._unparsed_bytes = 0  # bytes received while its headers are still incomplete
         self._refused = False  # answered with an error and closing: ignore what follows
         self._header_rechecked = False  # the current deadline expired once and was re-armed
+        self._keep_alive_recheck: TimerHandle | None = None  # a keep-alive expiry's second look
 
     # --- connection lifetime -----------------------------------------------------------
 
@@ -157,6 +163,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         client = f"{self.client[0]}:{self.client[1]}" if self.client else None
         _log.warning("connection.send_timeout", client=client, after_s=self.limits.send_timeout_s)
         self.transport.abort()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive timeout, judged as the header deadline is (see
+        ``_header_timed_out``): the first expiry looks again once the loop has polled."""
+        fired = self.timeout_keep_alive_task
+        if fired is not None and fired is not self._keep_alive_recheck:
+            self._keep_alive_recheck = self.loop.call_later(
+                HEADER_RECHECK_S, self.timeout_keep_alive_handler
+            )
+            self.timeout_keep_alive_task = self._keep_alive_recheck  # cancelled by new bytes
+            return
+        super().timeout_keep_alive_handler()
 
     def _cancel_send_deadline(self) -> None:
         if self._send_deadline is not None:

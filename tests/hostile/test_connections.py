@@ -121,6 +121,7 @@ def test_uvicorn_still_has_what_the_guards_build_on() -> None:
     assert own - {"limits"} <= set(dir(HttpToolsProtocol))
     cycle = RequestResponseCycle.__init__.__code__.co_names
     assert {"response_complete", "keep_alive"} <= set(cycle)
+    assert "timeout_keep_alive_task" in HttpToolsProtocol.__init__.__code__.co_names
 
 
 # --- raw socket helpers -------------------------------------------------------------------
@@ -416,24 +417,30 @@ def test_many_concurrent_streams_complete(gateway: Gateway) -> None:
     assert health == 200
 
 
+@pytest.mark.parametrize("after", ["connect", "keep_alive"])
 def test_a_request_sent_while_the_gateway_stalls_is_answered(
-    gateway: Gateway, sockets: list[socket.socket]
+    gateway: Gateway, sockets: list[socket.socket], after: str
 ) -> None:
-    """The header deadline measures the client, not the gateway: a request that arrives in
-    time, while the gateway's loop is stalled (here: stopped) past ``header_timeout_s``, is
-    served when the loop runs again. Before: the expired timer ran before the socket was
-    read, and the connection was closed without an answer."""
+    """Deadlines measure the client, not the gateway: a request that arrives in time, while
+    the gateway's loop is stalled (here: stopped) past ``header_timeout_s`` (a new
+    connection) or ``keep_alive_timeout_s`` (an idle kept-alive one), is served when the
+    loop runs again. Before: the expired timer ran before the socket was read, and the
+    connection was closed without an answer (4 runs in 5, or every run)."""
     assert gateway.process.proc is not None
     pid = gateway.process.proc.pid
     socks = [connect(gateway.port) for _ in range(4)]
     sockets.extend(socks)
+    if after == "keep_alive":
+        for sock in socks:
+            sock.sendall(request_bytes())
+            assert read_response(sock)[0] == 200
     assert healthz(gateway.port) == 200  # the loop has run since: the connections are accepted
     time.sleep(0.3)  # an idle loop sleeps in its poll, whose wake-up the stop turns into a stall
     os.kill(pid, signal.SIGSTOP)
     try:
         for sock in socks:
             sock.sendall(request_bytes())
-        time.sleep(HEADER_TIMEOUT_S + 0.5)
+        time.sleep(max(HEADER_TIMEOUT_S, KEEP_ALIVE_S) + 0.5)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert [read_response(sock)[0] for sock in socks] == [200] * 4
