@@ -48,12 +48,20 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     the cheapest feasible target tries, with probability ``explore_share``, a cheaper
     target predicted to miss whose estimate is at least ``explore_after_s`` old, first,
     with a first-token deadline that leaves the feasible target time to still meet the
-    objective. 0 turns exploration off."""
+    objective. 0 turns exploration off.
+
+    Hedging: for a request with its own TTFT objective, when the first target has not
+    started answering by its p99 TTFT prediction (or by its first-token deadline, if
+    sooner), the second target starts alongside it and the first to answer serves; the
+    loser is stopped (a managed API still bills its prompt). ``hedge_share`` caps hedges
+    at that share of the alias's recent hedgeable requests (plus one per 30 s); 0 (the
+    default) turns hedging off."""
 
     tail_z: Annotated[float, Meta(ge=0)] = 1.2816
     default_ttft_ms: Annotated[float, Meta(gt=0)] | None = 5000.0
     explore_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.05
     explore_after_s: Annotated[float, Meta(ge=0)] = 10.0
+    hedge_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.0
 
 
 class PrefixAwareStrategy(_Strict, tag="prefix_aware", tag_field="type", frozen=True):

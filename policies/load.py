@@ -21,6 +21,15 @@ per target (every target kind, metrics feed or not), so it learns the curve itse
     running maximum: TTFTs are noisy (a log-normal spread of 0.4 is ordinary), each band's
     EWMA carries some of that noise, and the maximum over a dozen noisy bands is a
     made-up slow-down of a target that has none; pooling averages the noise away;
+  * counting only the part of a band's excess over the least-loaded one that lies beyond
+    ``significance_z`` (1) standard error of the two (each band keeps its variance: a
+    prior that counts as one sample, then an EWMA of squared deviations; a pooled block's
+    variance and weight are its bands'), the running maximum of that kept. Without this a
+    target with no queue at all (a managed API whose in-flight count only rises with the
+    share of long prompts) read up to 4x slower at its busiest, from noise in sparse
+    bands, extended linearly; its predictions swung from 57 ms to 1.3 s and an 800 ms
+    request went to a slower target as "closest". A real queue is many standard errors
+    deep and is still learnt from a handful of samples;
   * above the most-loaded band measured, extended linearly through the two most-loaded
     bands (a queue in front of a fixed number of slots grows its wait linearly with its
     length, Little's law), never below the last band, capped at ``MAX_FACTOR``.
@@ -38,6 +47,7 @@ forgotten, as the latency estimates are).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 from msgspec import Struct
@@ -51,11 +61,27 @@ MAX_FACTOR = 100.0
 MAX_WEIGHT = 10  # a band's weight in the isotonic fit: its samples, up to this
 
 
+PRIOR_VARIANCE = 0.4**2  # a band's log-ratio variance before its samples say (log-normal 0.4)
+SIGNIFICANCE_Z = 1.0  # a slow-down counts only beyond this many standard errors
+
+
 class _Band(Struct):
     log_factor: float  # EWMA of ln(actual / no-load prediction)
     mean_n: float  # EWMA of the in-flight counts its samples were dispatched at
     at: float  # clock.now() of the last sample
     samples: int = 1
+    variance: float = PRIOR_VARIANCE  # EWMA of the squared deviation from log_factor
+
+
+class _Level(Struct, frozen=True):
+    """One fresh band after the isotonic fit: its index, level (log factor), mean in-flight
+    count, and the pooled block's weight and variance (for the level's standard error)."""
+
+    index: int
+    level: float
+    mean_n: float
+    weight: float
+    variance: float
 
 
 def band_of(n: int) -> int:
@@ -67,11 +93,18 @@ class LoadCurve:
     """TTFT multiplier as a function of in-flight requests, per target label (see the
     module docstring)."""
 
-    def __init__(self, clock: Clock, alpha: float = 0.2, max_age_s: float | None = 300.0):
+    def __init__(
+        self,
+        clock: Clock,
+        alpha: float = 0.2,
+        max_age_s: float | None = 300.0,
+        significance_z: float = SIGNIFICANCE_Z,
+    ):
         if not 0 < alpha <= 1:
             raise ValueError("alpha must be in (0, 1]")
         self._clock = clock
         self.alpha = alpha
+        self.z = significance_z
         self.max_age_s = max_age_s
         self._bands: dict[str, dict[int, _Band]] = {}
 
@@ -84,7 +117,13 @@ class LoadCurve:
             return
         band = self._band(label, in_flight, sample)
         if band is not None:
-            band.log_factor += self.alpha * (sample - band.log_factor)
+            deviation = sample - band.log_factor
+            # The prior variance counts as one sample: a plain mean of squares until the
+            # EWMA's own weight takes over, so a handful of consistent samples (a real
+            # queue) narrows the error quickly and a handful of noisy ones does not.
+            share = max(self.alpha, 1.0 / (band.samples + 1))
+            band.variance += share * (deviation * deviation - band.variance)
+            band.log_factor += self.alpha * deviation
             band.mean_n += self.alpha * (in_flight - band.mean_n)
             band.samples += 1
 
@@ -107,33 +146,37 @@ class LoadCurve:
         points = self._points(label)
         if not points:
             return 1.0
-        floor = points[0][1]
+        # The running maximum keeps the factor non-decreasing: a band with fewer samples
+        # (a wider error) may count for less than the band below it.
+        factors = list(
+            itertools.accumulate((_significant(point, points[0], self.z) for point in points), max)
+        )
         target = band_of(in_flight)
-        level = floor
-        for index, log_factor, _ in points:
-            if index > target:
+        factor = 1.0
+        for point, value in zip(points, factors, strict=True):
+            if point.index > target:
                 break
-            level = log_factor
-        factor = math.exp(level - floor)
-        if target > points[-1][0] and len(points) >= 2:
-            factor = max(factor, _extend(points, floor, in_flight))
+            factor = value
+        if target > points[-1].index and len(points) >= 2:
+            factor = max(factor, _extend(points[-2:], factors[-2:], in_flight))
         return min(factor, MAX_FACTOR)
 
-    def _points(self, label: str) -> list[tuple[int, float, float]]:
-        """Fresh bands as (index, isotonic log factor, mean in-flight), least loaded
-        first."""
+    def _points(self, label: str) -> list[_Level]:
+        """Fresh bands after the isotonic fit, least loaded first."""
         now = self._clock.now()
         bands = sorted(
             (index, band)
             for index, band in self._bands.get(label, {}).items()
             if not self._stale(band.at, now)
         )
-        levels = _isotonic(
+        blocks = _isotonic(
             [band.log_factor for _, band in bands],
-            [min(band.samples, MAX_WEIGHT) for _, band in bands],
+            [float(min(band.samples, MAX_WEIGHT)) for _, band in bands],
+            [band.variance for _, band in bands],
         )
         return [
-            (index, level, band.mean_n) for (index, band), level in zip(bands, levels, strict=True)
+            _Level(index, level, band.mean_n, weight, variance)
+            for (index, band), (level, weight, variance) in zip(bands, blocks, strict=True)
         ]
 
     def _stale(self, at: float, now: float) -> bool:
@@ -150,30 +193,45 @@ def _log_ratio(actual_s: float, no_load_s: float) -> float | None:
     return math.log(actual_s / no_load_s)
 
 
-def _isotonic(values: list[float], weights: list[int]) -> list[float]:
+def _isotonic(
+    values: list[float], weights: list[float], variances: list[float]
+) -> list[tuple[float, float, float]]:
     """The non-decreasing sequence closest to ``values`` in weighted least squares (pool
-    adjacent violators: a value below the one before it is averaged with it)."""
-    blocks: list[list[float]] = []  # [weighted mean, weight, count]
-    for value, weight in zip(values, weights, strict=True):
-        blocks.append([value, float(weight), 1.0])
+    adjacent violators: a value below the one before it is averaged with it), each value
+    with its pooled block's total weight and weighted mean variance."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, weighted variance, count]
+    for value, weight, variance in zip(values, weights, variances, strict=True):
+        blocks.append([value, weight, variance, 1.0])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, w, n = blocks.pop()
+            mean, w, var, n = blocks.pop()
             last = blocks[-1]
             total = last[1] + w
             last[0] = (last[0] * last[1] + mean * w) / total
-            last[1], last[2] = total, last[2] + n
-    return [mean for mean, _, n in blocks for _ in range(int(n))]
+            last[2] = (last[2] * last[1] + var * w) / total
+            last[1], last[3] = total, last[3] + n
+    return [(mean, w, var) for mean, w, var, n in blocks for _ in range(int(n))]
 
 
-def _extend(points: list[tuple[int, float, float]], floor: float, in_flight: int) -> float:
+def _significant(point: _Level, floor: _Level, z: float) -> float:
+    """``point``'s factor over the least-loaded band, counting only the part of the
+    difference beyond ``z`` standard errors: noise in a few samples (or in a
+    sparse least-loaded band, the reference of every other) reads as no slow-down, while a
+    real queue, many standard errors deep, is learnt from a handful of samples."""
+    excess = point.level - floor.level
+    if excess <= 0:
+        return 1.0
+    error = math.sqrt(point.variance / point.weight + floor.variance / floor.weight)
+    return math.exp(max(0.0, excess - z * error))
+
+
+def _extend(points: list[_Level], factors: list[float], in_flight: int) -> float:
     """The factor above the most-loaded band: the line through the two most-loaded bands'
     (mean in-flight, factor), never below the last band's factor (see the docstring)."""
-    (_, low_log, low_n), (_, top_log, top_n) = points[-2], points[-1]
-    low, top = math.exp(low_log - floor), math.exp(top_log - floor)
-    if top_n <= low_n or top <= low:
+    (low_point, top_point), (low, top) = points, factors
+    if top_point.mean_n <= low_point.mean_n or top <= low:
         return top
-    slope = (top - low) / (top_n - low_n)
-    return top + slope * max(0.0, in_flight - top_n)
+    slope = (top - low) / (top_point.mean_n - low_point.mean_n)
+    return top + slope * max(0.0, in_flight - top_point.mean_n)
 
 
 class TargetLoad:

@@ -16,7 +16,6 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
-from msgspec import Struct
 from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt
 
 from core.clock import Clock, SystemClock
@@ -30,11 +29,12 @@ from core.errors import (
     UpstreamServerError,
 )
 from core.routing import AttemptObserver
-from routers.planner import Plan
+from routers.hedge import CutSwitch, HedgeBudget, HedgeRun, cut_error, provider_errors, race
 from routers.retry_budget import RetryBudget
 from routers.strategies.deadlines import Deadline
-from routers.streams import first_and_rest, timeout_error
+from routers.streams import close_stream, first_and_rest, timeout_error
 from routers.targets import Skipped, Target
+from routers.trace import Attempt, Trace
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -45,52 +45,6 @@ MIN_ATTEMPT_WINDOW_S = 0.05
 # True admits the target; False skips it as "circuit open"; a string skips it with that
 # string as the reason (e.g. "probe limit").
 Gate = Callable[[Target], Awaitable[bool | str]]
-
-
-class Attempt(Struct, frozen=True):
-    label: str
-    error: str | None = None  # the error class name, None for success
-
-
-class Trace:
-    """What happened to one request on its way through the plan. ``reasons`` are the
-    strategy's reasons per target label (``Plan.reasons``)."""
-
-    def __init__(
-        self, skipped: Sequence[Skipped] = (), reasons: Mapping[str, str] | None = None
-    ) -> None:
-        self.attempts: list[Attempt] = []
-        self.skipped = list(skipped)
-        self.reasons = dict(reasons or {})
-        self.served_by: Target | None = None
-
-    @classmethod
-    def from_plan(cls, plan: Plan, skipped: Sequence[Skipped] = ()) -> Trace:
-        """A trace that starts with ``skipped`` (e.g. disabled providers) and the plan's
-        own skips and reasons."""
-        return cls([*skipped, *plan.skipped], plan.reasons)
-
-    @property
-    def fallbacks(self) -> int:
-        """How many targets were given up on before the one that served (or the last one)."""
-        labels = {attempt.label for attempt in self.attempts}
-        return max(0, len(labels) - 1)
-
-    def route_reason(self) -> str:
-        """A short human reason, sent as ``x-switchyard-route-reason``: the strategy's reason
-        for the target that served, the targets that failed before it, the skipped ones."""
-        if self.served_by is None:
-            return "no target succeeded"
-        served = self.served_by.label
-        failed = sorted({a.label for a in self.attempts if a.error and a.label != served})
-        parts = [self.reasons[served]] if served in self.reasons else []
-        if failed:
-            parts.append(f"fallback after {', '.join(failed)} failed")
-        if not parts:
-            parts.append("priority: first available target")
-        if self.skipped:
-            parts.append("skipped " + ", ".join(f"{s.label} ({s.reason})" for s in self.skipped))
-        return "; ".join(parts)
 
 
 class _Hooks:
@@ -126,6 +80,7 @@ class Executor:
         self._gate = gate
         self._clock: Clock = clock or SystemClock()
         self._budget = retry_budget or RetryBudget(config.retry_budget, self._clock)
+        self.hedges = HedgeBudget(self._clock)
 
     def _should_retry(self, exc: BaseException) -> bool:
         """Whether to try the same target again. An upstream that asked for a longer wait
@@ -179,16 +134,18 @@ class Executor:
         observer: AttemptObserver | None = None,
         gate: Gate | None = None,
         skip: Callable[[Target], str | None] | None = None,
+        failures: list[ProviderError] | None = None,
     ) -> T:
         """The first successful ``call(target)`` along ``plan``. Raises the first error
         that may not fall back, ``AllTargetsFailedError`` when every called target failed,
         ``NoTargetAvailableError`` when the plan is empty or the gate refused every target.
         ``observer`` and ``gate`` apply to this call (per-request observers), in place of
         the executor's own; ``skip`` may pass over a target with a reason before the gate
-        is asked (a first-token deadline already gone)."""
+        is asked (a first-token deadline already gone). ``failures``: those of targets
+        already tried for this request (a hedge race), reported with the rest."""
         hooks = _Hooks(observer or self._observer, gate or self._gate)
-        failures: list[ProviderError] = []
-        for target in _non_empty(model, plan, trace):
+        failures = list(failures or [])
+        for target in plan if failures else _non_empty(model, plan, trace):
             refusal = (skip(target) if skip else None) or await self._refusal(target, hooks.gate)
             if refusal is not None:
                 trace.skipped.append(Skipped(target.label, refusal))
@@ -309,14 +266,84 @@ class Executor:
             left = window_s(target)
             return "deadline passed" if left is not None and left < MIN_ATTEMPT_WINDOW_S else None
 
+        def commit(target: Target) -> Awaitable[tuple[P, AsyncIterator[P]]]:
+            return first_and_rest(target, open_stream, window_s(target))
+
+        first = (deadlines or {}).get(plan[0].label) if plan else None
+        if first is not None and first.hedge is not None and len(plan) >= 2:
+            hooks = _Hooks(observer or self._observer, gate or self._gate)
+            hedge = HedgeRun(model, plan, open_stream, commit, passed)
+            return await self._hedged(hedge, first, self._clock.now() - begun, trace, hooks)
         return await self.call(
-            model,
-            plan,
-            lambda t: first_and_rest(t, open_stream, window_s(t)),
+            model, plan, commit, trace, observer=observer, gate=gate, skip=passed
+        )
+
+    async def _hedged(
+        self,
+        run: HedgeRun[P],
+        deadline: Deadline,
+        elapsed_s: float,
+        trace: Trace,
+        hooks: _Hooks,
+    ) -> tuple[P, AsyncIterator[P]]:
+        """``open_stream`` when the plan's first target may be hedged (``routers.hedge``):
+        the first two targets race, then the rest of the plan is walked as usual."""
+        primary, backup = run.plan[0], run.plan[1]
+        refusal = run.passed(primary) or await self._refusal(primary, hooks.gate)
+        if refusal is not None:
+            trace.skipped.append(Skipped(primary.label, refusal))
+            return await self._walk_rest(run, run.plan[1:], [], trace, hooks)
+        self.hedges.offer(run.model)
+        switch = CutSwitch()
+        share = deadline.hedge.max_share if deadline.hedge is not None else 0.0
+
+        def primary_commit(target: Target) -> Awaitable[tuple[P, AsyncIterator[P]]]:
+            return first_and_rest(target, run.open_stream, None, switch)
+
+        async def may_hedge() -> bool:
+            if run.passed(backup) or await self._refusal(backup, hooks.gate) is not None:
+                return False
+            return self.hedges.try_spend(run.model, share)
+
+        outcome = await race(
+            lambda: self._call_target(primary, primary_commit, trace, hooks),
+            lambda: self._call_target(backup, run.commit, trace, hooks),
+            hedge_after_s=deadline.hedge_window_s(elapsed_s) or 0.0,
+            cut_after_s=deadline.window_s(elapsed_s),
+            may_hedge=may_hedge,
+            switch=switch,
+            cut_error=lambda: cut_error(primary),
+            discard=lambda value: close_stream(value[1]),
+        )
+        if outcome.hedged:
+            trace.hedge = (primary, backup)
+        if outcome.winner is not None and outcome.value is not None:
+            trace.served_by = run.plan[outcome.winner]
+            return outcome.value
+        failures = provider_errors(outcome.errors)
+        rest = run.plan[2:] if outcome.hedged else run.plan[1:]
+        return await self._walk_rest(run, rest, failures, trace, hooks)
+
+    async def _walk_rest(
+        self,
+        run: HedgeRun[P],
+        rest: Sequence[Target],
+        failures: list[ProviderError],
+        trace: Trace,
+        hooks: _Hooks,
+    ) -> tuple[P, AsyncIterator[P]]:
+        """The plan after a hedge race (or a refused first target), unhedged."""
+        if failures and not rest:
+            raise self._all_failed(run.model, failures)
+        return await self.call(
+            run.model,
+            rest,
+            run.commit,
             trace,
-            observer=observer,
-            gate=gate,
-            skip=passed,
+            observer=hooks.observer,
+            gate=hooks.gate,
+            skip=run.passed,
+            failures=failures,
         )
 
 

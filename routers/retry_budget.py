@@ -19,7 +19,7 @@ from core.clock import Clock
 from core.config_routing import RetryBudgetConfig
 
 
-class _Window:
+class EventWindow:
     """Timestamps of one kind of event in the last ``window_s`` seconds."""
 
     __slots__ = ("_events", "_window_s")
@@ -44,13 +44,13 @@ class RetryBudget:
     def __init__(self, config: RetryBudgetConfig, clock: Clock) -> None:
         self._config = config
         self._clock = clock
-        self._calls: dict[str, _Window] = {}
-        self._retries: dict[str, _Window] = {}
+        self._calls: dict[str, EventWindow] = {}
+        self._retries: dict[str, EventWindow] = {}
 
-    def _windows(self, label: str) -> tuple[_Window, _Window]:
+    def _windows(self, label: str) -> tuple[EventWindow, EventWindow]:
         if label not in self._calls:
-            self._calls[label] = _Window(self._config.window_s)
-            self._retries[label] = _Window(self._config.window_s)
+            self._calls[label] = EventWindow(self._config.window_s)
+            self._retries[label] = EventWindow(self._config.window_s)
         return self._calls[label], self._retries[label]
 
     def record_call(self, label: str) -> None:

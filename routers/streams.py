@@ -1,6 +1,7 @@
 """Stream commit: a target's stream is opened, its first item awaited within the
 target's first-token timeout (or the shorter window a first-token deadline leaves), and
-the rest handed back with an idle timeout on every next item. Whatever fails, the upstream
+the rest handed back with an idle timeout on every next item (a hedge race may end the
+first wait early, ``routers.hedge``). Whatever fails, the upstream
 stream is closed before the error goes on, so its connection is released.
 """
 
@@ -11,19 +12,24 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 from core.errors import AttemptDeadlineError, UpstreamMalformedError, UpstreamTimeoutError
+from routers.hedge import CutSwitch
 from routers.targets import Target
 
 P = TypeVar("P")
 
 
 async def first_and_rest(
-    target: Target, open_stream: Callable[[Target], AsyncIterator[P]], cut_after: float | None
+    target: Target,
+    open_stream: Callable[[Target], AsyncIterator[P]],
+    cut_after: float | None,
+    switch: CutSwitch | None = None,
 ) -> tuple[P, AsyncIterator[P]]:
     """Open ``target``'s stream and wait for its first item (``_first_item``); the rest
-    comes back idle-guarded. On any failure the upstream stream is closed first."""
+    comes back idle-guarded. On any failure the upstream stream is closed first. A hedge
+    race may end the wait through ``switch`` (then ``AttemptDeadlineError``)."""
     stream = open_stream(target)
     try:
-        first = await _first_item(target, stream, cut_after)
+        first = await _first_item(target, stream, cut_after, switch)
     except BaseException:
         await close_stream(stream)  # release the upstream connection before moving on
         raise
@@ -68,15 +74,29 @@ def timeout_error(target: Target, seconds: float) -> UpstreamTimeoutError:
     )
 
 
-async def _first_item(target: Target, stream: AsyncIterator[P], cut_after: float | None) -> P:
+async def _first_item(
+    target: Target, stream: AsyncIterator[P], cut_after: float | None, switch: CutSwitch | None
+) -> P:
     """The stream's first item within the target's first-token timeout, or within
-    ``cut_after`` seconds when that is sooner (then ``AttemptDeadlineError``)."""
+    ``cut_after`` seconds when that is sooner, or until ``switch`` is pulled (both:
+    ``AttemptDeadlineError``)."""
     limit = target.timeouts.first_token
     cut = cut_after is not None and cut_after < limit
+    started = asyncio.get_running_loop().time()
+    wait = asyncio.timeout(cut_after if cut else limit)
     try:
-        async with asyncio.timeout(cut_after if cut else limit):
+        async with wait:
+            if switch is not None:
+                switch.arm(wait)
             return await anext(stream)
     except TimeoutError as exc:
+        if switch is not None and switch.pulled:
+            waited = asyncio.get_running_loop().time() - started
+            raise AttemptDeadlineError(
+                f"upstream {target.provider_name} had not started answering after "
+                f"{waited:.3g}s, when a hedged attempt did",
+                provider=target.provider_name,
+            ) from exc
         if cut:
             raise AttemptDeadlineError(
                 f"upstream {target.provider_name} had not started answering after "
@@ -89,6 +109,9 @@ async def _first_item(target: Target, stream: AsyncIterator[P], cut_after: float
             f"upstream {target.provider_name} ended the stream before its first chunk",
             provider=target.provider_name,
         ) from exc
+    finally:
+        if switch is not None:
+            switch.disarm()
 
 
 async def close_stream(stream: AsyncIterator[Any]) -> None:

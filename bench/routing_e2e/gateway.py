@@ -2,7 +2,7 @@
 
 Contract: ``gateway_config`` writes one alias ``chat`` over the four upstreams in the
 priority order (premium, mid, budget, local) with the menu's prices and the given
-strategy; every timeout, retry and breaker setting is the gateway's default. With feed
+strategy (``slo_hedged``: ``slo`` with ``hedge_share``); every timeout, retry and breaker setting is the gateway's default. With feed
 ``metrics`` the local box is a ``type: vllm`` provider (its ``/metrics`` polled), else a plain
 ``type: openai`` one. State is in memory; the ledger goes to the run's temporary folder.
 """
@@ -24,6 +24,7 @@ from bench.routing_e2e.menu import MENU, ORDER
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = {"premium": 1.0, "mid": 2.0, "budget": 2.0, "local": 1.0}
 ALIAS = "chat"
+HEDGE_SHARE = 0.1  # slo_hedged: hedges at most 10% of requests (+1 per 30 s)
 
 
 def free_port() -> int:
@@ -57,8 +58,16 @@ def gateway_config(policy: str, urls: dict[str, str], feed: str, ledger: Path) -
         "ledger": {"path": str(ledger)},
         "logging": {"level": "warning", "json": True},
         "providers": providers,
-        "models": {ALIAS: {"strategy": policy, "targets": targets}},
+        "models": {ALIAS: {"strategy": strategy(policy), "targets": targets}},
     }
+
+
+def strategy(policy: str) -> str | dict[str, Any]:
+    """The alias's strategy for ``policy``: its name, or ``slo_hedged``: ``slo`` with
+    hedging on (``hedge_share`` ``HEDGE_SHARE``)."""
+    if policy == "slo_hedged":
+        return {"type": "slo", "hedge_share": HEDGE_SHARE}
+    return policy
 
 
 def to_yaml(config: dict[str, Any]) -> str:

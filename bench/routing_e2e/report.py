@@ -15,6 +15,7 @@ Contract (all pure):
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import Counter
@@ -168,11 +169,13 @@ def aggregate(metrics: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def verdicts(agg: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """slo vs priority per feed: holds when slo saves >= 40% and its overall attainment is
-    at least priority's minus one SE of the difference."""
+    """slo (and slo_hedged) vs priority per feed: holds when it saves >= 40% and its
+    overall attainment is at least priority's minus one SE of the difference."""
     out = []
-    for feed in sorted({a["feed"] for a in agg.values()}):
-        slo, pri = agg.get(f"{feed}/slo"), agg.get(f"{feed}/priority")
+    for feed, name in itertools.product(
+        sorted({a["feed"] for a in agg.values()}), ("slo", "slo_hedged")
+    ):
+        slo, pri = agg.get(f"{feed}/{name}"), agg.get(f"{feed}/priority")
         if slo is None or pri is None or not pri["cost_per_1k"]:
             continue
         saving = 1 - slo["cost_per_1k"] / pri["cost_per_1k"]
@@ -190,6 +193,7 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "feed": feed,
+                "policy": name,
                 "saving": saving,
                 "attainment_diff": diff,
                 "se": se,
@@ -235,7 +239,7 @@ def verdict_lines(items: list[dict[str, Any]]) -> str:
     lines = []
     for v in items:
         lines.append(
-            f"verdict [{v['feed']}] slo vs priority: saving {v['saving'] * 100:.1f}% "
+            f"verdict [{v['feed']}] {v['policy']} vs priority: saving {v['saving'] * 100:.1f}% "
             f"(target >= {TARGET_SAVING * 100:.0f}%), attainment diff {v['attainment_diff'] * 100:+.1f} pts "
             f"vs SE {v['se'] * 100:.1f} pts ({v['se_kind']}): "
             + ("HOLDS" if v["holds"] else "DOES NOT HOLD")

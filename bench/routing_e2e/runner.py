@@ -20,7 +20,7 @@ from bench.routing_e2e.menu import MENU, ORDER
 from bench.routing_e2e.upstream import FakeUpstream, UpstreamStats
 from bench.routing_e2e.workload import TraceRequest, make_trace, span_s
 
-POLICIES = ("priority", "slo", "lowest_cost", "least_latency", "weighted")
+POLICIES = ("priority", "slo", "slo_hedged", "lowest_cost", "least_latency", "weighted")
 START_UP_S = 20.0  # gateway start-up allowance in duration estimates
 GATEWAY_FIRST_TOKEN_S = 60.0  # the gateway's default first_token_timeout_s (hangs end there)
 

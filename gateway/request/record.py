@@ -14,8 +14,8 @@ from core.errors import GatewayError
 from core.protocols import CallContext
 from core.tenancy import OPEN, Principal, UsageRow
 from core.wire import ChatChunk, Usage, make_usage
-from routers.executor import Trace
 from routers.targets import Target
+from routers.trace import Trace
 
 _log = structlog.get_logger("switchyard")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -66,6 +66,7 @@ class RequestRecord:
         self.queue_s = 0.0
         self.cache_hit = False
         self.cost_usd = 0.0
+        self.hedge_cost_usd = 0.0  # the hedge loser's prompt, at its price (not billed)
         self.prompt_cache_key: str | None = None
         self.cache_control_min_chars: int | None = None
         self._done = False
@@ -183,6 +184,8 @@ class RequestRecord:
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
             cost_usd=round(self.cost_usd, 8),
+            hedged=self.trace.hedge is not None,
+            hedge_cost_usd=round(self.hedge_cost_usd, 8),
             queue_ms=round(self.queue_s * 1000, 2),
             cache_hit=self.cache_hit,
             usage_estimated=self.usage_estimated,

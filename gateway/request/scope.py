@@ -37,11 +37,11 @@ from gateway.request.routing_view import route_request, tenant_constraints
 from policies.pricing import cost_usd, estimate_cost
 from policies.quotas import Admission
 from policies.sticky import stable_prefix_hash
-from routers.executor import Trace
 from routers.planner import Plan, plan_route
 from routers.sticky import prefer
 from routers.streams import close_stream
 from routers.targets import Skipped, Target
+from routers.trace import Trace
 
 _JSON = "application/json"
 T = TypeVar("T")
@@ -305,6 +305,7 @@ class Scope:
                 if self.route is not None:
                     record.estimate_cut_usage(self.route.prompt_tokens)
                 record.cost_usd = self._cost()
+                record.hedge_cost_usd = self._hedge_cost()
                 usage = record.usage
                 tokens = usage.total_tokens if usage and not record.cache_hit else 0
                 await self.runtime.quotas.settle(admission, tokens, record.cost_usd)
@@ -350,6 +351,14 @@ class Scope:
         return cost_usd(
             served.price, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
         )
+
+    def _hedge_cost(self) -> float:
+        """What the hedge race's loser likely cost (its prompt at its price: managed APIs
+        bill a cancelled request's prompt): the operator's, not the tenant's."""
+        loser, usage = self.record.trace.hedge_loser, self.record.usage
+        if loser is None or usage is None:
+            return 0.0
+        return cost_usd(loser.price, usage.prompt_tokens, 0)
 
     def _learn(self, status: int) -> None:
         """Feed what this request showed back to the trackers (tokens per second, and where

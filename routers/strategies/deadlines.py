@@ -31,7 +31,15 @@ not learnt yet, and so never let it learn). A strategy may set a target's deadli
 (``Ranked.deadline``: exploration tries a target predicted to be slow, which must be cut
 by the slack whatever its patience).
 
-Pure: ``first_token_deadlines`` reads the request and the health snapshot only.
+Hedging (``hedged_first``, the ``slo`` strategy's ``hedge_share``): rather than only being
+cut, the first target of a request with its own objective may be raced against the second,
+started once the first is late (between its p90 and p99, as late as still leaves the second
+its predicted TTFT) or at the cut, if sooner: a late answer that was about to come is kept,
+and a hanging target is left sooner than its cut (``routers.hedge`` runs the race and caps
+its cost).
+
+Pure: ``first_token_deadlines`` and ``hedged_first`` read the request and the health
+snapshot only.
 """
 
 from __future__ import annotations
@@ -56,12 +64,31 @@ HANG_MEAN_MULTIPLE = 3.0
 MIN_PATIENCE_S = 0.25  # below this, the gateway's own scheduling noise decides
 
 
+class Hedge(Struct, frozen=True):
+    """Start the next target alongside this one ``after_s`` after this attempt's start
+    (or at its cut, if sooner), if the alias has spent under ``max_share`` of its recent
+    requests on hedges (``routers.hedge``)."""
+
+    after_s: float
+    max_share: float
+
+
 class Deadline(Struct, frozen=True):
     """When an attempt is given up without a first token: at ``by_s`` after the request's
-    start, but never before ``patience_s`` after the attempt's start (None: no patience)."""
+    start, but never before ``patience_s`` after the attempt's start (None: no patience).
+    With ``hedge``, the next target is started alongside instead, at the hedge moment (no
+    later than the cut would be), and the first to answer serves."""
 
     by_s: float
     patience_s: float | None = None
+    hedge: Hedge | None = None
+
+    def hedge_window_s(self, request_elapsed_s: float) -> float | None:
+        """Seconds after an attempt's start (``request_elapsed_s`` into the request) at
+        which to hedge it; None without a hedge."""
+        if self.hedge is None:
+            return None
+        return min(self.window_s(request_elapsed_s), self.hedge.after_s)
 
     def window_s(self, request_elapsed_s: float) -> float:
         """Seconds an attempt starting ``request_elapsed_s`` into the request may wait."""
@@ -107,3 +134,30 @@ def first_token_deadlines(
         else:
             deadlines[current.label] = Deadline(slack, patience_s(req, now))
     return deadlines
+
+
+def hedged_first(
+    req: RouteRequest, ordered: Sequence[Target], health: HealthView, max_share: float
+) -> Deadline | None:
+    """The first target's deadline with a hedge, for a request with its own TTFT
+    objective (None otherwise, or when the second target's own prediction already misses
+    it: hedging could not help). The hedge moment is the latest that leaves the second
+    target its predicted TTFT (and the switch) within the objective, but no sooner than
+    the first target's patience (its p90: a target on time is not doubled) and no later
+    than its p99 (later, it is as good as hanging); unmeasured first target: that latest
+    moment. The cut stays as ``first_token_deadlines`` sets it (also hang patience: a
+    hedge, unlike a cut, throws nothing away)."""
+    if max_share <= 0 or len(ordered) < 2 or req.slo_ttft_ms is None:
+        return None
+    deadline = first_token_deadlines(req, ordered[:2], health).get(ordered[0].label)
+    backup = ttft_s(req, health.health(ordered[1].label)) or 0.0
+    latest = req.slo_ttft_ms / 1000.0 - backup - SWITCH_S
+    if deadline is None or latest <= 0.0:
+        return None
+    current = health.health(ordered[0].label)
+    measured = msgspec.structs.replace(current, ttft_penalty=1.0, ttft_floor_s=None)
+    late, hanging = patience_s(req, current), ttft_tail_s(req, measured, RESERVE_Z)
+    after = latest
+    if late is not None and hanging is not None:
+        after = min(max(latest, late), max(hanging, late))
+    return msgspec.structs.replace(deadline, hedge=Hedge(after, max_share))

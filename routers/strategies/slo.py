@@ -11,7 +11,7 @@ import msgspec
 from core.config_routing import SloStrategy
 from core.routing import HealthView, RouteRequest, TargetHealth
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import Deadline, first_token_deadlines
+from routers.strategies.deadlines import Deadline, first_token_deadlines, hedged_first
 from routers.strategies.lowest_cost import by_cost, cost_reason
 from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
 from routers.targets import Target
@@ -34,8 +34,14 @@ class Slo:
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     closest to the objective first (smallest ratio of tail prediction to objective: with
     only a TTFT objective, the quickest to start however slowly it then generates).
-    Unmeasured targets count as feasible, so they get measured (one possibly slow answer,
-    after which their estimate decides).
+    Unmeasured targets get measured (one possibly slow answer, after which their estimate
+    decides): for a request without an objective of its own (the default one), the
+    cheapest idle unmeasured target counts as feasible; a request with its own objective
+    tries it first only while a measured target can still meet the objective behind it
+    (the exploration rule below, without the draw), and otherwise ranks unmeasured
+    targets just after the feasible ones, in the configured order. At start-up, with
+    nothing measured, such requests follow the operator's order (as ``priority``), not a
+    chain of unknown targets that each take the whole objective before being cut.
 
     Exploration (``_probe``): an estimate is only corrected by new samples, and a target
     predicted to miss gets none. So a request with slack (its own objective, at least
@@ -67,10 +73,20 @@ class Slo:
         z = self.z
         healths = {t.label: health.health(t.label) for t in candidates}
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
-        _explore_one_unknown(goal, candidates, healths, over)
+        own = goal is req
+        unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
         feasible = by_cost(goal, [t for t in candidates if over[t.label] <= 1.0])
         missing = [t for t in candidates if over[t.label] > 1.0]
-        missing.sort(key=lambda t: (over[t.label], _cost_or_inf(goal, t)))  # ties: cheapest
+        position = {t.label: i for i, t in enumerate(candidates)}
+
+        def closest(t: Target) -> tuple[float, float]:
+            # Ties: the cheapest; unmeasured targets for a request's own objective in the
+            # configured order (nothing known: the operator's order, as priority's).
+            if own and over[t.label] == _BUSY_UNMEASURED:
+                return over[t.label], position[t.label]
+            return over[t.label], _cost_or_inf(goal, t)
+
+        missing.sort(key=closest)
         ranked = [
             Ranked(t, _feasible_reason(i, cost, objective, goal, healths[t.label], z))
             for i, (t, cost) in enumerate(feasible)
@@ -80,19 +96,30 @@ class Slo:
             ranked.append(Ranked(t, f"slo: misses {objective}; closest left ({shown})"))
         if goal is not req:
             return _with_deadlines(goal, ranked, health, z)
-        probe = self._probe(req, feasible, missing, healths, rng)
+        probe = self._probe(req, feasible, missing, healths, rng, unknown)
         if probe is None:
-            return ranked
+            return self._with_hedge(req, ranked, health)
         rest = [r for r in ranked if r.target.label != probe.label]
         age = healths[probe.label].ttft_age_s or 0.0
-        reason = (
-            f"slo: exploring (estimate {age:.0f}s old: {_predicted(req, healths[probe.label], z)}"
-            f"), cut in time for {rest[0].target.label}"
-        )
+        known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
+        if probe is not unknown:
+            known += _predicted(req, healths[probe.label], z)
+        reason = f"slo: exploring ({known}), cut in time for {rest[0].target.label}"
         # Cut by the slack, however slow the target is predicted to be (see deadlines).
         slack = _slack_s(req, healths[rest[0].target.label], z)
         deadline = None if slack is None else Deadline(slack)
         return [Ranked(probe, reason, deadline=deadline), *rest]
+
+    def _with_hedge(
+        self, req: RouteRequest, ranked: list[Ranked], health: HealthView
+    ) -> list[Ranked]:
+        """``ranked`` with the first target's deadline hedged when ``hedge_share`` allows
+        (``deadlines.hedged_first``)."""
+        share = self.config.hedge_share
+        deadline = hedged_first(req, [r.target for r in ranked], health, share)
+        if deadline is None:
+            return ranked
+        return [msgspec.structs.replace(ranked[0], deadline=deadline), *ranked[1:]]
 
     def _goal(self, req: RouteRequest) -> RouteRequest:
         """``req`` itself, or with the default TTFT objective when it sets none."""
@@ -108,14 +135,21 @@ class Slo:
         missing: list[Target],
         healths: dict[str, TargetHealth],
         rng: random.Random,
+        unknown: Target | None,
     ) -> Target | None:
-        """The target to explore for ``req``, or None (see the class docstring)."""
-        if not feasible or req.slo_ttft_ms is None or self.config.explore_share <= 0:
+        """The target to explore for ``req``, or None (see the class docstring):
+        ``unknown`` (the cheapest idle unmeasured target) whenever the slack allows, a
+        stale one with probability ``explore_share``."""
+        if not feasible or req.slo_ttft_ms is None:
             return None
         best, best_cost = feasible[0]
         slack = _slack_s(req, healths[best.label], self.z)
         if best_cost is None or slack is None or slack < req.slo_ttft_ms / 2000.0:
             return None  # unpriced, unmeasured, or too little slack to spare
+        if unknown is not None and _cost_or_inf(req, unknown) < best_cost:
+            return unknown
+        if self.config.explore_share <= 0:
+            return None
         stale = [
             t
             for t in missing
@@ -138,15 +172,20 @@ def _explore_one_unknown(
     candidates: Sequence[Target],
     healths: dict[str, TargetHealth],
     over: dict[str, float],
-) -> None:
-    """Leave only the cheapest idle unmeasured target feasible (``over`` 0); the others
-    rank just after the feasible ones. A plan through several unknown targets, each given
-    the whole objective, is a chain of cuts that misses it (the cold start)."""
+    *,
+    keep: bool,
+) -> Target | None:
+    """Leave only the cheapest idle unmeasured target feasible (``over`` 0), or none when
+    not ``keep``; the others rank just after the feasible ones. Returns that target (None
+    when there is none). A plan through several unknown targets, each given the whole
+    objective, is a chain of cuts that misses it (the cold start)."""
     unknown = [
         t for t in candidates if over[t.label] == 0.0 and ttft_s(req, healths[t.label]) is None
     ]
-    for target, _ in by_cost(req, unknown)[1:]:
+    ordered = [target for target, _ in by_cost(req, unknown)]
+    for target in ordered[0 if not keep else 1 :]:
         over[target.label] = _BUSY_UNMEASURED
+    return ordered[0] if ordered else None
 
 
 def _with_deadlines(

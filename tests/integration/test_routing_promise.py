@@ -359,10 +359,13 @@ def test_slo_routing_spills_over_when_the_cheap_target_queues(
     # One request measures the cheap target (an unmeasured target is explored by one
     # request at a time: a burst at cold start would spread over both).
     assert asyncio.run(burst(gateway, 1, None)).answers[0].served == "m-queue"
-    # Warm-up: 8 at once, twice, no objective (the default 5 s one steers them): all go
-    # to the cheap target, which serves 2 at a time, so their TTFTs are 0.3, 0.3, 0.6 ...
-    # 1.2 s. (The curve reads a band with one sample at half its value: twice is enough.)
-    assert {a.served for a in asyncio.run(burst(gateway, 8, None)).answers} == {"m-queue"}
+    # Warm-up: 8 at once, four times, no objective (the default 5 s one steers them): all
+    # go to the cheap target, which serves 2 at a time, so their TTFTs are 0.3, 0.3, 0.6
+    # ... 1.2 s. (The curve counts a band's slow-down only beyond one standard error, and
+    # a band's first samples carry the prior's: with two bursts it learns too little of
+    # the queue, and the no-load fit takes the rest as its own.)
+    for _ in range(3):
+        assert {a.served for a in asyncio.run(burst(gateway, 8, None)).answers} == {"m-queue"}
     warm = asyncio.run(burst(gateway, 8, None))
     assert [a.status for a in warm.answers] == [200] * 8
     assert {a.served for a in warm.answers} == {"m-queue"}, [a.reason for a in warm.answers]
@@ -391,7 +394,8 @@ def test_slo_routing_spills_over_when_the_cheap_target_queues(
     for answer in on_cheap:
         assert answer.reason.startswith("slo: cheapest meeting ttft<=1000ms"), answer.reason
     # What kept the rest off it: the load factor for what it held, not its no-load TTFT.
-    assert spread.peak_factor > 1.5, spread.peak_factor
+    # (Shrunk by one standard error of what the warm-up taught: ~1.5 where 2 is the truth.)
+    assert spread.peak_factor > 1.3, spread.peak_factor
     assert target(gateway, CHEAP)["in_flight"] == 0
     assert target(gateway, FAST)["in_flight"] == 0
 

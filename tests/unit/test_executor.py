@@ -23,11 +23,12 @@ from core.errors import (
     UpstreamTimeoutError,
 )
 from core.protocols import Capabilities, Timeouts
-from routers.executor import Executor, Trace
+from routers.executor import Executor
 from routers.planner import Plan
 from routers.retry_budget import RetryBudget
 from routers.streams import close_stream
 from routers.targets import Skipped, Target
+from routers.trace import Trace
 
 pytestmark = pytest.mark.anyio
 

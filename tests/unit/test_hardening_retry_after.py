@@ -18,7 +18,8 @@ from core.errors import (
 )
 from gateway.http.errors import error_headers
 from providers.http import MAX_RETRY_AFTER_S, parse_retry_after
-from routers.executor import Executor, Trace
+from routers.executor import Executor
+from routers.trace import Trace
 from tests.unit.test_executor import Scripted, Sleeps, target
 
 pytestmark = pytest.mark.anyio

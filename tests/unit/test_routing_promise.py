@@ -25,11 +25,12 @@ from policies.cuts import CUT_FACTOR, MAX_PENALTY, CutPenalties
 from policies.goodput import GoodputMeter
 from policies.latency import LatencyStats
 from policies.load import BAND_EDGES, MAX_FACTOR, LoadCurve, TargetLoad, band_of
-from routers.executor import Attempt, Executor, Trace
+from routers.executor import Executor
 from routers.strategies.deadlines import Deadline, first_token_deadlines, patience_s
 from routers.strategies.predict import ttft_s
 from routers.strategies.slo import Slo
 from routers.targets import Target
+from routers.trace import Attempt, Trace
 
 
 # ---------------------------------------------------------------- load curve
@@ -39,7 +40,7 @@ def test_bands_are_exact_at_low_counts_and_wider_above():
 
 
 def test_factor_is_relative_to_the_least_loaded_band():
-    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     assert curve.factor("a", 5) == 1.0  # nothing known
     curve.observe("a", 1, actual_s=1.2, no_load_s=1.0)  # the base under-predicts a bit
     assert curve.factor("a", 1) == 1.0 and curve.factor("a", 0) == 1.0  # one band: 1
@@ -49,7 +50,7 @@ def test_factor_is_relative_to_the_least_loaded_band():
 
 
 def test_factor_never_falls_with_load_and_noise_is_pooled_not_maximised():
-    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     curve.observe("a", 0, 1.0, 1.0)
     curve.observe("a", 4, 4.0, 1.0)
     curve.observe("a", 6, 2.0, 1.0)  # quicker than at 4: the two are pooled (one each)
@@ -61,7 +62,7 @@ def test_factor_never_falls_with_load_and_noise_is_pooled_not_maximised():
 
 def test_above_the_last_band_the_factor_grows_linearly():
     """Little's law: a queue in front of fixed slots grows its wait with its length."""
-    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     curve.observe("a", 2, 1.0, 1.0)
     curve.observe("a", 6, 3.0, 1.0)
     assert curve.factor("a", 14) == pytest.approx(3.0 + (3.0 - 1.0) / (6 - 2) * (14 - 6))
@@ -70,7 +71,7 @@ def test_above_the_last_band_the_factor_grows_linearly():
 
 
 def test_flat_curves_stay_flat_when_extended():
-    curve = LoadCurve(FakeClock(), alpha=1.0)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     curve.observe("a", 0, 1.0, 1.0)
     curve.observe("a", 3, 0.9, 1.0)
     assert curve.factor("a", 40) == 1.0
@@ -78,7 +79,7 @@ def test_flat_curves_stay_flat_when_extended():
 
 def test_stale_bands_are_forgotten_and_nonsense_ignored():
     clock = FakeClock()
-    curve = LoadCurve(clock, alpha=1.0, max_age_s=60)
+    curve = LoadCurve(clock, alpha=1.0, max_age_s=60, significance_z=0.0)
     curve.observe("a", 0, 1.0, 1.0)
     curve.observe("a", 8, 5.0, 1.0)
     curve.observe("a", 8, -1.0, 1.0)
@@ -90,6 +91,25 @@ def test_stale_bands_are_forgotten_and_nonsense_ignored():
     curve.observe("a", 8, 2.0, 1.0)
     curve.forget("a")
     assert curve.factor("a", 8) == 1.0
+
+
+def test_noise_without_a_queue_reads_as_no_slow_down_and_a_real_queue_is_learnt():
+    """A target whose TTFT does not depend on load (log-normal noise, spread 0.35) and a
+    4-slot box (TTFT x (n + 1) / 4 above 3 in flight), 8 samples per band from 0 to 24 in
+    flight: the first reads close to 1 everywhere, the second close to its real curve."""
+    rng = random.Random(7)
+    flat, queue = LoadCurve(FakeClock()), LoadCurve(FakeClock())
+    naive = LoadCurve(FakeClock(), significance_z=0.0)  # counts every difference
+    for _ in range(8):
+        for n in range(25):
+            noise = math.exp(0.35 * rng.gauss(0.0, 1.0))
+            flat.observe("a", n, noise, 1.0)
+            naive.observe("a", n, noise, 1.0)
+            queue.observe("a", n, max(1.0, (n + 1) / 4) * noise, 1.0)
+    worst = max(flat.factor("a", n) for n in range(40))
+    assert worst < 1.12 and worst < max(naive.factor("a", n) for n in range(40)) - 0.05
+    for n, real in ((8, 9 / 4), (16, 17 / 4), (24, 25 / 4)):
+        assert real / 1.6 < queue.factor("a", n) < real * 1.3, n
 
 
 @given(
@@ -333,13 +353,31 @@ def test_no_exploration_without_slack_staleness_share_or_a_real_objective(req, c
 
 
 def test_one_unknown_target_at_a_time_counts_as_feasible():
-    """Cold start: only the cheapest idle unmeasured target is tried first; a busy one, or
-    a dearer unknown one, ranks after the measured feasible target, so a request never
-    walks a chain of unknowns that each get the whole objective."""
+    """Cold start: only the cheapest idle unmeasured target is tried first, cut in time
+    for the measured feasible one; a busy one, or a dearer unknown one, ranks after it (in
+    the configured order), so a request never walks a chain of unknowns that each get the
+    whole objective."""
     candidates = [tgt("new1", 0.1), tgt("new2", 0.2), tgt("busy", 0.05), tgt("known", 5.0)]
     health = Health(busy=TargetHealth(in_flight=1), known=FAST)
     plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.9))
-    assert [r.target.provider_name for r in plan] == ["new1", "known", "busy", "new2"]
+    assert [r.target.provider_name for r in plan] == ["new1", "known", "new2", "busy"]
+    assert plan[0].reason == "slo: exploring (unmeasured), cut in time for known/m"
+    assert plan[0].deadline == Deadline(pytest.approx(3.0 - 0.3))
+
+
+def test_with_nothing_measured_an_own_objective_follows_the_configured_order():
+    """At start-up a request with its own objective goes down the operator's order (no
+    measured target could meet the objective behind an unknown one); a request routed on
+    the default objective measures the cheapest idle target; a tight request whose
+    measured target leaves too little slack does not try an unknown one first."""
+    candidates = [tgt("dear", 5.0), tgt("mid", 1.0), tgt("cheap", 0.1)]
+    own = Slo().plan(LOOSE, candidates, Health(), FixedRandom(0.9))
+    assert [r.target.provider_name for r in own] == ["dear", "mid", "cheap"]
+    defaulted = Slo().plan(RouteRequest(model="alias"), candidates, Health(), FixedRandom(0.9))
+    assert defaulted[0].target.provider_name == "cheap"
+    tight = RouteRequest(model="alias", slo_ttft_ms=500)
+    plan = Slo().plan(tight, candidates, Health(dear=FAST), FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["dear", "mid", "cheap"]
 
 
 def test_only_cheaper_targets_are_explored():

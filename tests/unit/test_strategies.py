@@ -304,7 +304,8 @@ def test_slo_unmeasured_counts_as_feasible_and_no_objective_is_lowest_cost():
     candidates = [target("known", price=per_mtok(5, 5)), target("new", price=per_mtok(1, 1))]
     ranked = Slo().plan(req, candidates, health, random.Random(0))
     assert names(ranked) == ["new", "known"]
-    assert "unmeasured, explored" in ranked[0].reason
+    assert ranked[0].reason == "slo: exploring (unmeasured), cut in time for known/m"
+    assert ranked[0].deadline is not None and ranked[0].deadline.by_s == pytest.approx(0.05)
     by_cost_only = Slo(SloStrategy(default_ttft_ms=None))
     plain = by_cost_only.plan(RouteRequest(model="a"), candidates, health, random.Random(0))
     assert names(plain) == ["new", "known"]
