@@ -136,6 +136,10 @@ async def race(
                 await _stop(first, switch, cut_error, result, discard)
         _settle(first, 0, result)
         return result
+    except BaseException:
+        if result.winner is not None and result.value is not None:
+            await discard(result.value)  # cancelled after a winner was found: release it
+        raise
     finally:
         for task in (first, second):
             if task is not None and not task.done():

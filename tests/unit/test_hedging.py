@@ -388,3 +388,45 @@ async def test_when_both_succeed_at_once_the_primary_wins_and_the_other_is_relea
     )
     assert (result.winner, result.value, result.hedged) == (0, "primary", True)
     assert released == ["backup"]
+
+
+@pytest.mark.anyio
+async def test_a_race_cancelled_after_its_winner_was_found_releases_the_winner():
+    """The client leaves while the race is still releasing the loser's late answer: the
+    winner's answer, which nobody will read, is released too."""
+    released: list[str] = []
+    hedging = asyncio.Event()
+
+    async def primary() -> str:
+        await hedging.wait()
+        return "primary"
+
+    async def backup() -> str:
+        return "backup"
+
+    async def allow() -> bool:
+        hedging.set()
+        return True
+
+    async def discard(value: str) -> None:
+        released.append(value)
+        if value == "backup":
+            await asyncio.sleep(3600)  # a slow release: the client leaves meanwhile
+
+    task = asyncio.ensure_future(
+        race(
+            primary,
+            backup,
+            hedge_after_s=0.0,
+            cut_after_s=None,
+            may_hedge=allow,
+            switch=CutSwitch(),
+            cut_error=lambda: RuntimeError("cut"),
+            discard=discard,
+        )
+    )
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert released == ["backup", "primary"]
