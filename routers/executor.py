@@ -2,7 +2,8 @@
 of that target only, within the retry budget), then the next target on errors whose class
 says ``fallback_ok``; a client error (400) never fans out. Streams fall back only until their
 first chunk has arrived; after it, a gap longer than the target's idle timeout ends the
-stream with ``UpstreamTimeoutError`` (``routers.streams``).
+stream with ``UpstreamTimeoutError`` (``routers.streams``). A stream whose first target has
+a hedge (``Deadline.hedge``) races it against the second (``routers.hedge``).
 
 Around every attempt an optional ``AttemptObserver`` hears about it (breakers, latency
 stats); before every target (and every retry) an optional ``gate`` may refuse it (an open
@@ -333,8 +334,6 @@ class Executor:
         hooks: _Hooks,
     ) -> tuple[P, AsyncIterator[P]]:
         """The plan after a hedge race (or a refused first target), unhedged."""
-        if failures and not rest:
-            raise self._all_failed(run.model, failures)
         return await self.call(
             run.model,
             rest,

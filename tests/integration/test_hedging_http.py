@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import structlog
 
@@ -113,3 +114,33 @@ def test_on_time_answers_start_no_hedge(gateway: Gateway, upstream: SlowOpenAI) 
     answer = stream_once(gateway, "hedged", {SLO: "60000"})
     assert answer.status == 200 and "hedged" not in answer.reason, answer.reason
     assert len(upstream.requests) == before + 1
+
+
+def test_a_client_that_leaves_mid_race_releases_both_upstreams(
+    gateway: Gateway, upstream: SlowOpenAI
+) -> None:
+    """Both racers still waiting when the client goes: each upstream sees its request
+    abandoned, the gateway holds neither target any more."""
+    upstream.delays["m-late-h"], upstream.delays["m-dear-h"] = 8.0, 8.0
+    before = dict(upstream.abandoned)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            gateway.base_url + "/chat/completions",
+            json={
+                "model": "hedged",
+                "stream": True,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            headers={SLO: "3000"},
+            timeout=httpx.Timeout(10.0, read=1.5),  # past the hedge moment, before any answer
+        )
+
+    def released() -> bool:
+        return all(upstream.abandoned[m] == before.get(m, 0) + 1 for m in ("m-late-h", "m-dear-h"))
+
+    try:
+        assert wait_until(released), dict(upstream.abandoned)
+        assert wait_until(lambda: target(gateway, CHEAP)["in_flight"] == 0)
+        assert target(gateway, DEAR)["in_flight"] == 0
+    finally:
+        upstream.delays["m-dear-h"] = 0.0
