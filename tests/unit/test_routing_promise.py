@@ -139,7 +139,7 @@ def test_target_load_counts_what_is_held():
 
 # ---------------------------------------------------------------- latency stats
 def test_samples_under_load_teach_the_curve_not_the_no_load_fit():
-    stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0, load_alpha=0.5)
     for _ in range(10):
         stats.observe_ttft("a", 0.5, prompt_tokens=100, in_flight=0)
         stats.observe_ttft("a", 2.0, prompt_tokens=100, in_flight=8)
