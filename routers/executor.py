@@ -30,7 +30,7 @@ from core.errors import (
     UpstreamServerError,
 )
 from core.routing import AttemptObserver
-from routers.hedge import CutSwitch, HedgeBudget, HedgeRun, cut_error, provider_errors, race
+from routers.hedge import CutSwitch, HedgeRun, cut_error, hedge_budget, provider_errors, race
 from routers.retry_budget import RetryBudget
 from routers.strategies.deadlines import Deadline
 from routers.streams import close_stream, first_and_rest, timeout_error
@@ -81,7 +81,7 @@ class Executor:
         self._gate = gate
         self._clock: Clock = clock or SystemClock()
         self._budget = retry_budget or RetryBudget(config.retry_budget, self._clock)
-        self.hedges = HedgeBudget(self._clock)
+        self.hedges = hedge_budget(self._clock)
 
     def _should_retry(self, exc: BaseException) -> bool:
         """Whether to try the same target again. An upstream that asked for a longer wait
@@ -294,7 +294,7 @@ class Executor:
         if refusal is not None:
             trace.skipped.append(Skipped(primary.label, refusal))
             return await self._walk_rest(run, run.plan[1:], [], trace, hooks)
-        self.hedges.offer(run.model)
+        self.hedges.record_call(run.model)
         switch = CutSwitch()
         share = deadline.hedge.max_share if deadline.hedge is not None else 0.0
 
@@ -304,7 +304,7 @@ class Executor:
         async def may_hedge() -> bool:
             if run.passed(backup) or await self._refusal(backup, hooks.gate) is not None:
                 return False
-            return self.hedges.try_spend(run.model, share)
+            return self.hedges.try_retry(run.model, share)
 
         outcome = await race(
             lambda: self._call_target(primary, primary_commit, trace, hooks),

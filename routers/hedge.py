@@ -3,8 +3,9 @@ hedge moment, the next target is started alongside it, and whichever answers fir
 
 Cutting a late target (``routers.strategies.deadlines``) throws away an answer that may be
 about to come; hedging keeps it in the race. It costs what the loser was billed (its
-prompt, for a managed API), so hedges are capped per model alias (``HedgeBudget``: at most
-a configured share of the alias's recent hedgeable requests, plus one per window) and
+prompt, for a managed API), so hedges are capped per model alias (at most
+a configured share of the alias's recent hedgeable requests, plus one per window,
+``hedge_budget``) and
 only the first target of a plan hedges.
 
 ``race`` is the mechanism, free of the executor's bookkeeping: the two attempts are given
@@ -21,8 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from core.clock import Clock
+from core.config_routing import RetryBudgetConfig
 from core.errors import AttemptDeadlineError, ProviderError
-from routers.retry_budget import EventWindow
+from routers.retry_budget import RetryBudget
 from routers.targets import Target
 
 T = TypeVar("T")
@@ -31,35 +33,15 @@ HEDGE_WINDOW_S = 30.0  # the budget's memory
 HEDGE_FLOOR = 1.0  # hedges a window always allows, so a quiet alias can hedge at all
 
 
-class HedgeBudget:
-    """Per alias: a hedge is allowed while ``hedges + 1 <= share x offers + HEDGE_FLOOR``
-    over the last ``HEDGE_WINDOW_S`` (offers: requests that could have hedged). Pure: time
-    from the clock; one event loop."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._offers: dict[str, EventWindow] = {}
-        self._hedges: dict[str, EventWindow] = {}
-
-    def offer(self, alias: str) -> None:
-        """A request of ``alias`` started with a hedge planned (it earns ``share`` of one)."""
-        self._window(self._offers, alias).add(self._clock.now())
-
-    def try_spend(self, alias: str, share: float) -> bool:
-        """Spend one hedge of ``alias`` if the budget has one."""
-        now = self._clock.now()
-        offers = self._window(self._offers, alias).count(now)
-        hedges = self._window(self._hedges, alias)
-        if hedges.count(now) + 1 > share * offers + HEDGE_FLOOR:
-            return False
-        hedges.add(now)
-        return True
-
-    @staticmethod
-    def _window(windows: dict[str, EventWindow], alias: str) -> EventWindow:
-        if alias not in windows:
-            windows[alias] = EventWindow(HEDGE_WINDOW_S)
-        return windows[alias]
+def hedge_budget(clock: Clock) -> RetryBudget:
+    """The hedge cap, a ``RetryBudget`` keyed by model alias: ``record_call(alias)`` for
+    each request that could hedge, ``try_retry(alias, share)`` for each hedge; at most
+    ``share`` of those requests over ``HEDGE_WINDOW_S``, plus ``HEDGE_FLOOR`` per window
+    so a quiet alias can hedge at all."""
+    floor = RetryBudgetConfig(
+        ratio=0.0, min_per_s=HEDGE_FLOOR / HEDGE_WINDOW_S, window_s=HEDGE_WINDOW_S
+    )
+    return RetryBudget(floor, clock)
 
 
 class CutSwitch:

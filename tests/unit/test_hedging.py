@@ -21,7 +21,7 @@ from core.errors import AllTargetsFailedError, InvalidRequestError, UpstreamServ
 from core.protocols import Capabilities, Timeouts
 from core.routing import RouteRequest, TargetHealth
 from routers.executor import Executor
-from routers.hedge import HEDGE_FLOOR, HEDGE_WINDOW_S, CutSwitch, HedgeBudget, race
+from routers.hedge import HEDGE_FLOOR, HEDGE_WINDOW_S, CutSwitch, hedge_budget, race
 from routers.strategies.deadlines import (
     MIN_PATIENCE_S,
     RESERVE_Z,
@@ -189,22 +189,22 @@ def test_the_slo_strategy_hedges_its_first_target_when_configured():
 # ---------------------------------------------------------------- the budget
 def test_the_budget_allows_its_share_of_offers_plus_a_floor_per_window():
     clock = FakeClock()
-    budget = HedgeBudget(clock)
+    budget = hedge_budget(clock)
     for _ in range(20):
-        budget.offer("alias")
-    allowed = sum(budget.try_spend("alias", 0.1) for _ in range(10))
+        budget.record_call("alias")
+    allowed = sum(budget.try_retry("alias", 0.1) for _ in range(10))
     assert allowed == int(0.1 * 20 + HEDGE_FLOOR)
-    assert budget.try_spend("other", 0.1)  # per alias: the floor
+    assert budget.try_retry("other", 0.1)  # per alias: the floor
     clock.advance(HEDGE_WINDOW_S + 1)
-    assert budget.try_spend("alias", 0.1)  # the window forgot
+    assert budget.try_retry("alias", 0.1)  # the window forgot
 
 
 @given(st.integers(0, 200), st.floats(0, 0.5), st.integers(0, 300))
 def test_hedges_never_exceed_the_share_plus_the_floor(offers, share, tries):
-    budget = HedgeBudget(FakeClock())
+    budget = hedge_budget(FakeClock())
     for _ in range(offers):
-        budget.offer("a")
-    spent = sum(budget.try_spend("a", share) for _ in range(tries))
+        budget.record_call("a")
+    spent = sum(budget.try_retry("a", share) for _ in range(tries))
     assert spent <= share * offers + HEDGE_FLOOR
 
 
@@ -252,7 +252,7 @@ async def test_an_answer_before_the_hedge_moment_starts_no_second_attempt():
 @pytest.mark.anyio
 async def test_without_budget_the_first_target_is_cut_at_its_deadline_instead():
     executor = Executor(RoutingConfig())
-    executor.hedges.try_spend("alias", 0.0)  # the floor's one hedge, spent
+    executor.hedges.try_retry("alias", 0.0)  # the floor's one hedge, spent
     slow, quick = Upstream("slow", None), Upstream("quick", 0.0)
     first, rest, trace = await open_hedged(
         executor, [slow, quick], Deadline(0.2, hedge=Hedge(0.05, 0.0))
