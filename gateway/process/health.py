@@ -60,18 +60,19 @@ class RequestHealth:
         # A replica that cannot start answering within the request's TTFT objective counts
         # as saturated for it: the request moves on to the next target instead of queueing.
         late = slo is not None and not capacity.can_take(label, slo / 1000.0)
+        # The latency view (fits, load factor, cut penalty ...) with the replica's own
+        # signals laid over it; its metrics TTFT only where the gateway measured none.
         return msgspec.structs.replace(
-            local,
+            latency,
             breaker=trackers.breakers.state(label),
             ttft_s=latency.ttft_s if latency.ttft_s is not None else local.ttft_s,
-            tpot_s=latency.tpot_s,
-            ttft_base_s=latency.ttft_base_s,
-            ttft_per_token_s=latency.ttft_per_token_s,
-            ttft_spread=latency.ttft_spread,
-            ttft_load_factor=latency.ttft_load_factor,
-            ttft_age_s=latency.ttft_age_s,
-            in_flight=max(local.in_flight, latency.in_flight),
             saturated=local.saturated or late,
+            waiting=local.waiting,
+            running=local.running,
+            kv_usage=local.kv_usage,
+            in_flight=max(local.in_flight, latency.in_flight),
+            prefix_blocks=local.prefix_blocks,
+            cache_hit_rate=local.cache_hit_rate,
         )
 
 

@@ -18,7 +18,7 @@ import pytest
 from core.clock import FakeClock
 from core.config import VllmProviderConfig
 from core.config_routing import BreakerConfig, SaturationConfig
-from core.routing import UNKNOWN
+from core.routing import UNKNOWN, RouteRequest
 from gateway.process.health import TrackerObserver, Trackers
 from local_tier.capacity import (
     CapacityMonitor,
@@ -412,3 +412,21 @@ async def test_replicas_are_polled_on_their_own_intervals(
     status = monitor.status()
     assert (status["fast"]["polls"], status["slow"]["polls"]) == (6, 3)
     assert metrics.hits == 9
+
+
+async def test_a_local_replica_keeps_its_cut_penalty_in_the_routing_view(
+    metrics: MetricsServer, served: Any, client: Any
+) -> None:
+    """What routing sees of a local replica is the latency view (fits, load factor, cut
+    penalty) with the replica's signals laid over it: an attempt cut at its first-token
+    deadline makes the replica look slower, as it does any other target."""
+    clock = FakeClock()
+    monitor = monitor_for(served[1], client, clock)
+    await monitor.poll_once()
+    trackers = Trackers(
+        SharedBreakers(BreakerConfig(), MemoryStore(clock), clock), LatencyStats(clock), monitor
+    )
+    trackers.latency.cuts.cut("w", 1.5, 100)
+    seen = trackers.view(RouteRequest(model="m", prompt_tokens=100)).health("w")
+    assert seen.ttft_penalty > 1.0 and seen.ttft_floor_s == 1.5
+    assert seen.running == monitor.health("w").running  # and the replica's own signals
