@@ -35,6 +35,7 @@ import contextlib
 import http
 import resource
 from asyncio import TimerHandle, Transport
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import structlog
@@ -45,7 +46,7 @@ from core.config import ServerConfig
 
 _log = structlog.get_logger("switchyard.server")
 FD_HEADROOM = 512  # descriptors kept for upstream connections, Redis, SQLite, the engine
-# After the header deadline's timer fires, how long until the verdict: long enough that the
+# After a deadline's timer fires, how long until the verdict: long enough that the
 # loop polls its sockets in between (timers are due in whole milliseconds), short enough not
 # to matter to the deadline.
 HEADER_RECHECK_S = 0.005
@@ -68,8 +69,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # request line and headers of the current request, parsed
         self._unparsed_bytes = 0  # bytes received while its headers are still incomplete
         self._refused = False  # answered with an error and closing: ignore what follows
-        self._header_rechecked = False  # the current deadline expired once and was re-armed
-        self._keep_alive_recheck: TimerHandle | None = None  # a keep-alive expiry's second look
+        self._second_look: TimerHandle | None = None  # a deadline's re-check (``_look_again``)
 
     # --- connection lifetime -----------------------------------------------------------
 
@@ -165,16 +165,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.abort()
 
     def timeout_keep_alive_handler(self) -> None:
-        """uvicorn's keep-alive timeout, judged as the header deadline is (see
-        ``_header_timed_out``): the first expiry looks again once the loop has polled."""
-        fired = self.timeout_keep_alive_task
-        if fired is not None and fired is not self._keep_alive_recheck:
-            self._keep_alive_recheck = self.loop.call_later(
-                HEADER_RECHECK_S, self.timeout_keep_alive_handler
-            )
-            self.timeout_keep_alive_task = self._keep_alive_recheck  # cancelled by new bytes
+        """uvicorn's keep-alive timeout, judged after a second look (``_look_again``)."""
+        again = self._look_again(self.timeout_keep_alive_task, self.timeout_keep_alive_handler)
+        if again is not None:
+            self.timeout_keep_alive_task = again  # uvicorn cancels it when bytes arrive
             return
         super().timeout_keep_alive_handler()
+
+    def _look_again(
+        self, fired: TimerHandle | None, verdict: Callable[[], None]
+    ) -> TimerHandle | None:
+        """A deadline's timer ``fired``: unless it was already the second look, schedule
+        ``verdict`` again ``HEADER_RECHECK_S`` later and return that timer (None: judge
+        now). libuv runs due timers before it polls sockets again, so a loop stalled past
+        the deadline (a long callback, a GC pause, a busy machine) would otherwise judge the
+        client before reading bytes that arrived in time."""
+        if fired is not None and fired is self._second_look:
+            return None
+        self._second_look = self.loop.call_later(HEADER_RECHECK_S, verdict)
+        return self._second_look
 
     def _cancel_send_deadline(self) -> None:
         if self._send_deadline is not None:
@@ -186,7 +195,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _arm_header_deadline(self) -> None:
         """Start the clock unless it runs already: the deadline is total, not per read."""
         if self._header_deadline is None and not self._refused:
-            self._header_rechecked = False
             self._header_deadline = self.loop.call_later(
                 self.limits.header_timeout_s, self._header_timed_out
             )
@@ -197,16 +205,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_deadline = None
 
     def _header_timed_out(self) -> None:
-        """The deadline passed. Judge the client only on what the loop has read by then: a
-        loop stalled past the deadline (a long callback, a GC pause, a busy machine) may run
-        this timer before it reads bytes that arrived in time, so the first expiry looks
-        again once the loop has polled its sockets."""
-        self._header_deadline = None
+        """The deadline passed: judged after a second look (``_look_again``), on what the
+        loop has read by then."""
+        fired, self._header_deadline = self._header_deadline, None
         if self.transport.is_closing():
             return
-        if not self._header_rechecked:
-            self._header_rechecked = True
-            self._header_deadline = self.loop.call_later(HEADER_RECHECK_S, self._header_timed_out)
+        again = self._look_again(fired, self._header_timed_out)
+        if again is not None:
+            self._header_deadline = again  # cancelled when the headers complete
             return
         if self.cycle is not None and not self.cycle.response_complete:
             # A slow pipelined request behind a response in flight: let that response
