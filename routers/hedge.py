@@ -116,6 +116,7 @@ async def race(
             await asyncio.wait({first}, timeout=wait_s)
             if not first.done():
                 await _stop(first, switch, cut_error, result, discard)
+                return result
         _settle(first, 0, result)
         return result
     except BaseException:
@@ -191,14 +192,10 @@ async def _stop(
     await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
         result.errors.append(cut_error())
-        return
-    error = task.exception()
-    if error is not None:
-        result.errors.append(error)
-    elif result.winner is None:
-        result.winner, result.value = 0, task.result()
-    else:
+    elif result.winner is not None and task.exception() is None:
         await discard(task.result())
+    else:
+        _settle(task, 0, result)
 
 
 class HedgeRun(Generic[P]):

@@ -96,10 +96,15 @@ class Deadline(Struct, frozen=True):
         return left if self.patience_s is None else max(left, self.patience_s)
 
 
+def _measured(health: TargetHealth) -> TargetHealth:
+    """``health`` without its cut penalty and floor: what its samples alone say."""
+    return msgspec.structs.replace(health, ttft_penalty=1.0, ttft_floor_s=None)
+
+
 def patience_s(req: RouteRequest, health: TargetHealth) -> float | None:
     """How long a target is given before it counts as hanging (see the module
     docstring), from its measurements only; None when unmeasured."""
-    measured = msgspec.structs.replace(health, ttft_penalty=1.0, ttft_floor_s=None)
+    measured = _measured(health)
     tail, mean = ttft_tail_s(req, measured, PATIENCE_Z), ttft_s(req, measured)
     if tail is None or mean is None:
         return None
@@ -111,7 +116,7 @@ def hang_patience_s(req: RouteRequest, health: TargetHealth, objective_s: float)
     the later of the objective itself, its p99.9 prediction and 3 x its mean one. Cutting
     it sooner cannot save the objective, only throw away an answer that was coming; this
     only catches a target that hangs."""
-    measured = msgspec.structs.replace(health, ttft_penalty=1.0, ttft_floor_s=None)
+    measured = _measured(health)
     tail, mean = ttft_tail_s(req, measured, HANG_Z), ttft_s(req, measured)
     return max(objective_s, tail or 0.0, HANG_MEAN_MULTIPLE * (mean or 0.0))
 
@@ -149,14 +154,13 @@ def hedged_first(
     hedge, unlike a cut, throws nothing away)."""
     if max_share <= 0 or len(ordered) < 2 or req.slo_ttft_ms is None:
         return None
-    deadline = first_token_deadlines(req, ordered[:2], health).get(ordered[0].label)
     backup = ttft_s(req, health.health(ordered[1].label)) or 0.0
     latest = req.slo_ttft_ms / 1000.0 - backup - SWITCH_S
-    if deadline is None or latest <= 0.0:
+    if latest <= 0.0:
         return None
+    deadline = first_token_deadlines(req, ordered[:2], health)[ordered[0].label]
     current = health.health(ordered[0].label)
-    measured = msgspec.structs.replace(current, ttft_penalty=1.0, ttft_floor_s=None)
-    late, hanging = patience_s(req, current), ttft_tail_s(req, measured, RESERVE_Z)
+    late, hanging = patience_s(req, current), ttft_tail_s(req, _measured(current), RESERVE_Z)
     after = latest
     if late is not None and hanging is not None:
         after = min(max(latest, late), max(hanging, late))
