@@ -18,7 +18,7 @@ per target (every target kind, metrics feed or not), so it learns the curve itse
   * non-decreasing in ``n`` (more requests in flight never make a target quicker): the
     bands' values are the weighted isotonic regression of their EWMAs (pool adjacent
     violators, each band weighted by its sample count, capped at ``MAX_WEIGHT``). Not the
-    running maximum: TTFTs are noisy (a log-normal spread of 0.4 is ordinary), each band's
+    running maximum of the raw EWMAs: TTFTs are noisy (a log-normal spread of 0.4 is ordinary), each band's
     EWMA carries some of that noise, and the maximum over a dozen noisy bands is a
     made-up slow-down of a target that has none; pooling averages the noise away;
   * counting only the part of a band's excess over the least-loaded one that lies beyond
@@ -59,8 +59,6 @@ from core.clock import Clock
 BAND_EDGES: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128)
 MAX_FACTOR = 100.0
 MAX_WEIGHT = 10  # a band's weight in the isotonic fit: its samples, up to this
-
-
 PRIOR_VARIANCE = 0.4**2  # a band's log-ratio variance before its samples say (log-normal 0.4)
 SIGNIFICANCE_Z = 1.0  # a slow-down counts only beyond this many standard errors
 
