@@ -32,16 +32,9 @@ from routers.strategies.deadlines import (
 from routers.strategies.slo import Slo
 from routers.targets import Target
 from routers.trace import Trace
+from tests.unit.test_routing_promise import Health, Recorder
 
 SLO_3S = RouteRequest(model="alias", slo_ttft_ms=3000)
-
-
-class Health:
-    def __init__(self, **by_provider: TargetHealth) -> None:
-        self.by_label = {f"{name}/m": h for name, h in by_provider.items()}
-
-    def health(self, label: str) -> TargetHealth:
-        return self.by_label.get(label, TargetHealth())
 
 
 class Upstream:
@@ -78,17 +71,6 @@ def target(upstream: Upstream, price: float = 1.0) -> Target:
         timeouts=Timeouts(total=60.0, first_token=30.0),
         price=Price(input_per_mtok=price, output_per_mtok=price),
     )
-
-
-class Recorder:
-    def __init__(self):
-        self.events = []
-
-    def attempt_started(self, label):
-        self.events.append(("start", label))
-
-    def attempt_finished(self, label, *, error, ttft_s, retryable):
-        self.events.append(("end", label, error, ttft_s is not None))
 
 
 def hedged(after_s: float | None, by_s: float = 10.0, share: float = 0.5) -> Deadline:
@@ -324,6 +306,42 @@ async def test_a_client_that_leaves_mid_race_closes_both_upstream_streams():
 
 
 # ---------------------------------------------------------------- the race itself
+def run_race(primary, backup, discard, *, hedge_after_s=0.0, cut_after_s=None, allow=None):
+    """``race`` with a hedge always allowed (after ``allow()``, when given) and a plain
+    cut error."""
+
+    async def may_hedge() -> bool:
+        if allow is not None:
+            allow()
+        return True
+
+    return race(
+        primary,
+        backup,
+        hedge_after_s=hedge_after_s,
+        cut_after_s=cut_after_s,
+        may_hedge=may_hedge,
+        switch=CutSwitch(),
+        cut_error=lambda: RuntimeError("cut"),
+        discard=discard,
+    )
+
+
+def both_at_once():
+    """A primary and a backup that answer in the same turn of the loop, and the hook
+    that sets them off as the hedge starts."""
+    hedging = asyncio.Event()
+
+    async def primary() -> str:
+        await hedging.wait()
+        return "primary"
+
+    async def backup() -> str:
+        return "backup"
+
+    return primary, backup, hedging.set
+
+
 @pytest.mark.anyio
 async def test_a_primary_stopped_outside_its_wait_is_cancelled_and_counted_as_cut():
     """A primary between two tries (a backoff sleep, no wait armed) cannot be cut through
@@ -337,22 +355,10 @@ async def test_a_primary_stopped_outside_its_wait_is_cancelled_and_counted_as_cu
         await asyncio.sleep(0.01)
         return "backup"
 
-    async def allow() -> bool:
-        return True
-
     async def discard(value: str) -> None:
         raise AssertionError("nothing to discard")
 
-    result = await race(
-        backing_off,
-        backup,
-        hedge_after_s=0.01,
-        cut_after_s=1.0,
-        may_hedge=allow,
-        switch=CutSwitch(),
-        cut_error=lambda: RuntimeError("cut"),
-        discard=discard,
-    )
+    result = await run_race(backing_off, backup, discard, hedge_after_s=0.01, cut_after_s=1.0)
     assert (result.winner, result.value, result.hedged) == (1, "backup", True)
     assert [str(e) for e in result.errors] == ["cut"]
 
@@ -360,32 +366,12 @@ async def test_a_primary_stopped_outside_its_wait_is_cancelled_and_counted_as_cu
 @pytest.mark.anyio
 async def test_when_both_succeed_at_once_the_primary_wins_and_the_other_is_released():
     released: list[str] = []
-    hedging = asyncio.Event()
-
-    async def primary() -> str:
-        await hedging.wait()  # answers in the same turn of the loop as the backup
-        return "primary"
-
-    async def backup() -> str:
-        return "backup"
-
-    async def allow() -> bool:
-        hedging.set()
-        return True
+    primary, backup, start = both_at_once()
 
     async def discard(value: str) -> None:
         released.append(value)
 
-    result = await race(
-        primary,
-        backup,
-        hedge_after_s=0.0,
-        cut_after_s=None,
-        may_hedge=allow,
-        switch=CutSwitch(),
-        cut_error=lambda: RuntimeError("cut"),
-        discard=discard,
-    )
+    result = await run_race(primary, backup, discard, allow=start)
     assert (result.winner, result.value, result.hedged) == (0, "primary", True)
     assert released == ["backup"]
 
@@ -395,36 +381,14 @@ async def test_a_race_cancelled_after_its_winner_was_found_releases_the_winner()
     """The client leaves while the race is still releasing the loser's late answer: the
     winner's answer, which nobody will read, is released too."""
     released: list[str] = []
-    hedging = asyncio.Event()
-
-    async def primary() -> str:
-        await hedging.wait()
-        return "primary"
-
-    async def backup() -> str:
-        return "backup"
-
-    async def allow() -> bool:
-        hedging.set()
-        return True
+    primary, backup, start = both_at_once()
 
     async def discard(value: str) -> None:
         released.append(value)
         if value == "backup":
             await asyncio.sleep(3600)  # a slow release: the client leaves meanwhile
 
-    task = asyncio.ensure_future(
-        race(
-            primary,
-            backup,
-            hedge_after_s=0.0,
-            cut_after_s=None,
-            may_hedge=allow,
-            switch=CutSwitch(),
-            cut_error=lambda: RuntimeError("cut"),
-            discard=discard,
-        )
-    )
+    task = asyncio.ensure_future(run_race(primary, backup, discard, allow=start))
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
