@@ -18,9 +18,10 @@ per target (every target kind, metrics feed or not), so it learns the curve itse
   * non-decreasing in ``n`` (more requests in flight never make a target quicker): the
     bands' values are the weighted isotonic regression of their EWMAs (pool adjacent
     violators, each band weighted by its sample count, capped at ``MAX_WEIGHT``). Not the
-    running maximum of the raw EWMAs: TTFTs are noisy (a log-normal spread of 0.4 is ordinary), each band's
-    EWMA carries some of that noise, and the maximum over a dozen noisy bands is a
-    made-up slow-down of a target that has none; pooling averages the noise away;
+    running maximum of the raw EWMAs: TTFTs are noisy (a log-normal spread of 0.4 is
+    ordinary), each band's EWMA carries some of that noise, and the maximum over a dozen
+    noisy bands is a made-up slow-down of a target that has none; pooling averages the
+    noise away;
   * counting only the part of a band's excess over the least-loaded one that lies beyond
     ``significance_z`` (1) standard error of the two (each band keeps its variance: a
     prior that counts as one sample, then an EWMA of squared deviations; a pooled block's
