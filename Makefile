@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8080
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: setup serve test lint typecheck test-fast test-hostile test-model test-vllm setup-vllm bench clean
+.PHONY: setup serve test lint typecheck test-fast test-hostile test-servers setup-servers test-model test-vllm setup-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,16 @@ lint: setup
 typecheck: lint
 
 test-fast: setup  ## unit, contract and integration tests against fake upstreams
-	$(PYTEST) -m "not model and not slow and not hostile" -q
+	$(PYTEST) -m "not model and not slow and not hostile and not servers" -q
 
 test-hostile: setup  ## hostile clients, disconnect storms, fuzzing, store faults (real processes)
 	$(PYTEST) -m hostile -q
+
+setup-servers:  ## Debian's prometheus (the server and promtool) for the servers stage
+	bash scripts/setup_servers.sh
+
+test-servers: setup setup-servers  ## a real Prometheus scraping a real gateway; promtool on the shipped rules
+	$(PYTEST) -m servers -q
 
 test-model: setup  ## the real SmolLM2 model in the JAX engine (CPU)
 	$(PYTEST) -m model -q
@@ -45,7 +51,7 @@ setup-vllm: setup
 test-vllm: setup-vllm  ## the real vLLM server (CPU build)
 	$(PYTEST) -m slow -q
 
-test: lint test-fast test-hostile test-model test-vllm  ## everything, in stages; what CI runs
+test: lint test-fast test-hostile test-servers test-model test-vllm  ## everything, in stages; what CI runs
 
 bench: setup
 	$(BIN)/python -m bench.gateway

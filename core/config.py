@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from core.config_observability import ObservabilityConfig
 from core.config_routing import (
     BreakerConfig,
     PriorityStrategy,
@@ -180,6 +181,7 @@ class Config(_Strict, frozen=True):
     auth: AuthConfig = AuthConfig()
     ledger: LedgerConfig = LedgerConfig()
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     source: str | None = None  # the file it was loaded from (set by load_config)
 
     @property
@@ -205,6 +207,7 @@ _SECTIONS = {
     "auth": AuthConfig,
     "ledger": LedgerConfig,
     "response_cache": ResponseCacheConfig,
+    "observability": ObservabilityConfig,
 }
 
 
@@ -263,6 +266,15 @@ def _check_state(sections: dict[str, Any], errors: list[str]) -> None:
         errors.append("ledger.backend: redis needs state.backend: redis")
 
 
+def _check_observability(sections: dict[str, Any], errors: list[str]) -> None:
+    observability = sections.get("observability")
+    for index, pattern in enumerate(observability.redact if observability else ()):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            errors.append(f"observability.redact[{index}]: not a regular expression: {exc}")
+
+
 def parse_config(text: str | bytes) -> Config:
     """Decode and check a policy file's text; raise ``ConfigError`` listing every problem."""
     try:
@@ -289,6 +301,7 @@ def parse_config(text: str | bytes) -> Config:
     known = raw_providers if isinstance(raw_providers, dict) else {}
     _check_references(known, models, tenants, errors)
     _check_state(sections, errors)
+    _check_observability(sections, errors)
     if errors:
         raise ConfigError(errors)
     return Config(providers=providers, models=models, tenants=tenants, **sections)

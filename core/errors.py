@@ -54,6 +54,9 @@ class GatewayError(Exception):
             self.code = code
         self.retry_after = retry_after
         self.headers: dict[str, str] = {}  # extra response headers (x-ratelimit-*)
+        # Which gate refused, for metrics (never sent): "quota:<limit>", "queue:full",
+        # "queue:deadline", "quota:store_down"; None for other errors.
+        self.refused_by: str | None = None
 
 
 class InvalidRequestError(GatewayError):

@@ -19,11 +19,13 @@ from gateway.routes import (
     completions,
     embeddings,
     messages,
+    metrics,
     models,
     openapi,
     responses,
 )
 from gateway.routes import usage as usage_routes
+from gateway.telemetry.hub import Telemetry
 
 
 def create_app(
@@ -36,16 +38,20 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         state = GatewayState(config, env, progress)
         app.state.gateway = state
+        telemetry = app.state.telemetry = Telemetry(config)
         await state.start()
+        reloader: Reloader | None = None
         if config.source is not None:
             reloader = Reloader(state, config.source)
             app.state.reloader = reloader  # state knows nothing of reloads (no import circle)
             if config.server.watch_config:
                 state.spawn(reloader.watch(config.server.watch_interval_s))
+        telemetry.metrics.watch(state, reloader)
         try:
             yield
         finally:
             await state.aclose()
+            telemetry.shutdown()
 
     app = Litestar(
         route_handlers=[
@@ -59,6 +65,7 @@ def create_app(
             models.get_model,
             models.healthz,
             models.readyz,
+            metrics.prometheus_metrics,
             admin.reload_policy,
             admin.list_targets,
             admin.goodput,

@@ -136,6 +136,10 @@ class CapacityMonitor:
         self._sleep = sleep
         self._task: asyncio.Task[None] | None = None
 
+    def labels(self) -> list[str]:
+        """The replicas watched now."""
+        return list(self._replicas)
+
     def knows(self, label: str) -> bool:
         return label in self._replicas
 

@@ -207,10 +207,12 @@ class AdmissionQueue:
         if not self._core and self._handoff is None and ready():
             return 0.0
         if len(self._core) >= self.config.max_size:
-            raise RateLimitError(
+            full = RateLimitError(
                 "The gateway's request queue is full; retry later.",
                 retry_after=self._core.wait_estimate(now),
             )
+            full.refused_by = "queue:full"
+            raise full
         limit = self.config.deadline_s if deadline_s is None else deadline_s
         loop = asyncio.get_running_loop()
         ticket = self._core.push(tenant or "", now, now + limit, ready, cost)
@@ -239,12 +241,12 @@ class AdmissionQueue:
             future = self._futures.get(ticket)
             if future is not None and not future.done():
                 waited = now - ticket.enqueued_at
-                future.set_exception(
-                    ServiceUnavailableError(
-                        f"No capacity for this request within its {waited:.1f} s queue deadline.",
-                        retry_after=self._core.wait_estimate(now),
-                    )
+                late = ServiceUnavailableError(
+                    f"No capacity for this request within its {waited:.1f} s queue deadline.",
+                    retry_after=self._core.wait_estimate(now),
                 )
+                late.refused_by = "queue:deadline"
+                future.set_exception(late)
 
     def _pump(self) -> None:
         self.expire()

@@ -25,6 +25,7 @@ from core.errors import (
     UpstreamTimeoutError,
 )
 from core.protocols import CallContext, Capabilities
+from core.tracecontext import TRACEPARENT, upstream_traceparent, with_traceparent
 from providers.transport import AiohttpTransport
 
 ErrorMessage = Callable[[bytes], tuple[str, str | None]]
@@ -179,6 +180,7 @@ class HttpProvider:
         """POST ``body`` and return the whole 2xx answer; other statuses raise the mapped
         error. Uses the client's aiohttp transport directly when it has one (the plain path
         of every non-streaming call; see docs/decisions/0002-http-client.md)."""
+        headers = with_traceparent(headers)
         fast: AiohttpTransport | None = getattr(self.client, "fast", None)
         if fast is None:
             request = self.client.build_request(
@@ -203,6 +205,8 @@ class HttpProvider:
 
         With ``stream=True`` the caller owns the open response and must close it.
         """
+        if (traceparent := upstream_traceparent.get()) is not None:
+            request.headers[TRACEPARENT] = traceparent
         with mapped_errors(self.name):
             response = await self.client.send(request, stream=stream)
             if response.status_code < 300:

@@ -228,12 +228,13 @@ class Executor:
             failure = exc
             if isinstance(exc, ProviderError):
                 exc.provider = exc.provider or target.provider_name
-                trace.attempts.append(Attempt(target.label, type(exc).__name__))
+                ended = self._clock.now()
+                trace.attempts.append(Attempt(target.label, type(exc).__name__, started, ended))
             raise
         finally:
             if observer is not None:
                 _tell(observer, target.label, failure, self._clock.now() - started)
-        trace.attempts.append(Attempt(target.label))
+        trace.attempts.append(Attempt(target.label, None, started, self._clock.now()))
         return result
 
     async def open_stream(

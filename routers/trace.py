@@ -16,8 +16,14 @@ if TYPE_CHECKING:
 
 
 class Attempt(Struct, frozen=True):
+    """One call to one target. ``started``/``ended``: the executor's clock (monotonic
+    seconds) when the call began and when it answered (a stream: its first chunk) or
+    failed; they time the attempt's span and its upstream-latency sample."""
+
     label: str
     error: str | None = None  # the error class name, None for success
+    started: float = 0.0
+    ended: float = 0.0
 
 
 class Trace:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+from collections import Counter
 from pathlib import Path
 
 import structlog
@@ -25,6 +27,9 @@ class Reloader:
         self._path = Path(path)
         self._lock = asyncio.Lock()
         self._digest = self._read_digest()
+        # "applied" / "rejected" (invalid file) / "failed" (a provider could not start)
+        self.outcomes: Counter[str] = Counter()
+        self.last_applied_at: float | None = None  # Unix seconds
 
     def _read_digest(self) -> str | None:
         try:
@@ -40,6 +45,7 @@ class Reloader:
                 config = load_config(self._path)
             except ConfigError as exc:
                 _log.error("config.reload_rejected", path=str(self._path), errors=exc.errors)
+                self.outcomes["rejected"] += 1
                 return exc.errors
             state = self._state
             _warn_restart_only(state.runtime.config, config)
@@ -56,8 +62,11 @@ class Reloader:
                 await runtime.start()
             except Exception as exc:  # a provider that cannot start: keep the old policy
                 _log.exception("config.reload_failed", path=str(self._path))
+                self.outcomes["failed"] += 1
                 return [f"(runtime): {type(exc).__name__}: {exc}"]
             await state.swap(runtime)
+            self.outcomes["applied"] += 1
+            self.last_applied_at = time.time()
             return []
 
     async def watch(self, interval_s: float) -> None:

@@ -28,7 +28,6 @@ from core.wire import (
     Usage,
 )
 from gateway.request import caching
-from gateway.request.record import RequestRecord
 from gateway.request.scope import Scope
 from gateway.request.stream import (
     StreamCodec,
@@ -37,6 +36,7 @@ from gateway.request.stream import (
     sse_headers,
     sse_response,
 )
+from gateway.telemetry.record import RequestRecord
 from policies.response_cache import chunks_of
 from routers.planner import Plan
 from routers.targets import Target

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import structlog
@@ -32,8 +32,9 @@ from gateway.http.errors import internal_error
 from gateway.process.health import TrackerObserver
 from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
-from gateway.request.record import RequestRecord
 from gateway.request.routing_view import route_request, tenant_constraints
+from gateway.telemetry.hub import Telemetry
+from gateway.telemetry.record import RequestRecord
 from policies.pricing import cost_usd, estimate_cost
 from policies.quotas import Admission
 from policies.sticky import stable_prefix_hash
@@ -75,6 +76,8 @@ class Scope:
         self._held: list[AsyncIterator[Any]] = []
         self.client_gone = False  # set by the edge when the client disconnects
         self.state.in_flight.enter()
+        self.telemetry: Telemetry = request.app.state.telemetry
+        self.telemetry.started(self.record, self.headers, self.runtime.config)
         request.scope.setdefault("state", {})[SCOPE_KEY] = self  # for the edge's ``abandon``
 
     # -- before routing -------------------------------------------------------------------
@@ -90,7 +93,8 @@ class Scope:
 
     def authenticate(self) -> None:
         """401 unless the credentials name a tenant (or the gateway is open)."""
-        self.record.principal = self.runtime.auth.authenticate(self.headers)
+        with self.record.timed("authenticate"):
+            self.record.principal = self.runtime.auth.authenticate(self.headers)
 
     def authorize(self, model: str) -> None:
         self.record.model = model
@@ -154,7 +158,8 @@ class Scope:
             return bool(current.ordered)
 
         tenant = self.record.principal.tenant or ""
-        self.record.queue_s = await self.state.queue.wait(tenant, self._deadline_s(), ready)
+        with self.record.timed("queue.wait"):
+            self.record.queue_s = await self.state.queue.wait(tenant, self._deadline_s(), ready)
         self.record.extra_headers["x-switchyard-queue-ms"] = f"{self.record.queue_s * 1000:.0f}"
         return current
 
@@ -228,7 +233,13 @@ class Scope:
         cost = estimate_cost(first.price if first else None, est_prompt, est_output)
         quotas, principal = self.runtime.quotas, self.record.principal
         admit = quotas.admit(principal, est_prompt + est_output, cost, self.record.request_id)
-        if quotas.admits_without_io(principal):
+        with self.record.timed("quota.admit"):
+            await self._admit(admit)
+        assert self.admission is not None
+        self.record.extra_headers.update(self.admission.headers())
+
+    async def _admit(self, admit: Coroutine[Any, Any, Admission]) -> None:
+        if self.runtime.quotas.admits_without_io(self.record.principal):
             # Nothing to await on (no limits, or the memory store): a cancellation can only
             # land after the admission is recorded, so no task is needed.
             self.admission = await admit
@@ -237,7 +248,6 @@ class Scope:
             # reservation that was made; ``close`` settles it.
             self._admitting = asyncio.create_task(admit)
             self.admission = await asyncio.shield(self._admitting)
-        self.record.extra_headers.update(self.admission.headers())
 
     async def prefer_sticky(self, plan: Plan, req: ChatRequest) -> None:
         """Move the managed target whose prompt cache already holds this tenant's stable
@@ -310,7 +320,8 @@ class Scope:
                 tokens = usage.total_tokens if usage and not record.cache_hit else 0
                 await self.runtime.quotas.settle(admission, tokens, record.cost_usd)
                 row = record.usage_row(status, error, self.state.clock.wall())
-                await self.state.ledger.append(row)
+                with record.timed("ledger.commit"):
+                    await self.state.ledger.append(row)
                 self._learn(status)
         except Exception:
             _log.exception("request.finish_failed", request_id=record.request_id)
@@ -320,6 +331,7 @@ class Scope:
             self.state.queue.notify()
             self._count_goodput(status)
             record.finish(status, error)
+            self.telemetry.finished(record, self.runtime.config, status, error)
             self.state.in_flight.leave()
 
     def _count_goodput(self, status: int) -> None:

@@ -20,8 +20,8 @@ from litestar.response import Stream
 
 from core.errors import GatewayError
 from core.wire import RawStreamPart, StreamPart
-from gateway.request.record import RequestRecord
 from gateway.request.scope import CLIENT_CLOSED, Scope
+from gateway.telemetry.record import RequestRecord
 from routers.streams import close_stream
 
 P = TypeVar("P")

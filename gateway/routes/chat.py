@@ -15,7 +15,7 @@ from core.wire import ChatRequest, ChatResult, StreamPart, encoder
 from gateway.http import sse
 from gateway.http.errors import decode_body
 from gateway.request.chat_flow import serve_chat
-from gateway.request.record import RequestRecord
+from gateway.telemetry.record import RequestRecord
 from routers.targets import Target
 
 _decoder = msgspec.json.Decoder(ChatRequest)

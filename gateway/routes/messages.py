@@ -32,10 +32,10 @@ from gateway.dialects.anthropic_messages import (
 )
 from gateway.http.errors import json_depth_exceeds, too_deep
 from gateway.request.chat_flow import CanonicalStreamCodec, serve_chat
-from gateway.request.record import RequestRecord
 from gateway.request.routing_view import estimate_prompt_tokens
 from gateway.request.scope import Scope
 from gateway.request.stream import StreamCodec
+from gateway.telemetry.record import RequestRecord
 from providers.anthropic import AnthropicProvider, passthrough
 from routers.targets import Target
 

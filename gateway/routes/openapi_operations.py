@@ -235,6 +235,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {_JSON: Readiness},
         other={503: ("Not ready yet, or startup failed", Readiness)},
     ),
+    ("GET", "/metrics"): Operation(
+        "Prometheus metrics (docs/metrics.md); admin key only with `require_admin`",
+        "health",
+        "none",
+        {"text/plain": {"type": "string"}},
+        (401, 404),
+    ),
     ("POST", "/admin/reload"): Operation(
         "Reload the policy file now (the old policy keeps serving when the new one is invalid)",
         "admin",

@@ -30,8 +30,8 @@ from gateway.dialects.responses import (
 )
 from gateway.dialects.responses_wire import ResponseError, response_object, response_usage
 from gateway.request.chat_flow import CanonicalStreamCodec, serve_chat
-from gateway.request.record import RequestRecord
 from gateway.request.stream import StreamCodec
+from gateway.telemetry.record import RequestRecord
 from providers.openai import OpenAIProvider
 from routers.targets import Target
 

@@ -25,7 +25,8 @@ Contract of ``Engine`` (see ``EngineProtocol`` below):
 - It yields one ``GenerationOutput`` per engine step that produced new text (or new tokens)
   and always ends with exactly one output whose ``finish_reason`` is set ("stop": EOS or a
   stop string; "length": ``max_tokens`` or the context limit; "abort": the engine stopped).
-  Usage fields (prompt_tokens, completion_tokens, cached_tokens) are filled on every output.
+  Usage fields (prompt_tokens, completion_tokens, cached_tokens) and ``scheduled_at`` are
+  filled on every output.
 - Closing or cancelling the iterator aborts the sequence and frees its KV blocks.
 - A request that does not fit the KV cache right now waits (FIFO) until blocks free up.
 """
@@ -71,6 +72,10 @@ class GenerationOutput(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # ``time.monotonic()`` when the engine first scheduled the request (not reset by
+    # preemption); None until then, or from an engine that does not report it. The worker's
+    # queue/prefill/inference histograms read it.
+    scheduled_at: float | None = None
 
 
 class EngineStats(msgspec.Struct):

@@ -270,6 +270,7 @@ class Engine:
             prompt_tokens=len(seq.prompt_ids),
             completion_tokens=len(seq.output_ids),
             cached_tokens=seq.num_cached,
+            scheduled_at=seq.first_scheduled,
         )
 
     def _finish(

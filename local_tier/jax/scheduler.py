@@ -13,13 +13,19 @@ one more block whenever decoding crosses a block boundary). When a decode step n
 and none is free, the most recently admitted sequence is preempted: its blocks are released
 (their full blocks stay in the prefix cache, so resuming is mostly cache hits) and it goes
 back to the head of the queue, keeping the tokens it already produced.
+
+Timing: a sequence's ``first_scheduled`` is the clock reading when it first joined the
+running set; preemption and resumption leave it alone, so queue time (arrival to first
+scheduled) and prefill time (first scheduled to first token) match vLLM's definitions.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from local_tier.jax.buckets import Buckets, round_up
@@ -50,6 +56,7 @@ class Sequence:
     status: Status = Status.WAITING
     arrival: int = field(default_factory=lambda: next(_arrivals))
     admitted_once: bool = False
+    first_scheduled: float | None = None  # clock reading at first admission; kept on preemption
 
     @property
     def all_ids(self) -> list[int]:
@@ -91,7 +98,16 @@ class StepPlan:
 class Scheduler:
     """Admission, step planning, preemption and block registration for all sequences."""
 
-    def __init__(self, pool: BlockPool, buckets: Buckets, max_running: int, prefill_budget: int):
+    def __init__(
+        self,
+        pool: BlockPool,
+        buckets: Buckets,
+        max_running: int,
+        prefill_budget: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """``clock`` stamps ``Sequence.first_scheduled``; it must be the clock the caller
+        measures arrival with (``time.monotonic`` in the worker)."""
         self.pool = pool
         self.buckets = buckets
         self.max_running = max_running
@@ -102,6 +118,7 @@ class Scheduler:
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # prompt tokens found there
         self._last_kind = "decode"
+        self._clock = clock
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -144,6 +161,8 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
+            if seq.first_scheduled is None:
+                seq.first_scheduled = self._clock()
 
     def _take_blocks(self, seq: Sequence) -> bool:
         """Prefix-cache lookup plus blocks for the rest of the prefill; False if they don't

@@ -48,7 +48,9 @@ class WorkerState:
         self.config = config
         self.model_name = config.served_model_name
         self.engine: EngineProtocol | None = None
-        self.metrics = WorkerMetrics(self.model_name, self._stats)
+        self.metrics = WorkerMetrics(
+            self.model_name, self._stats, max_model_len=config.max_model_len
+        )
         self._loader = loader
         self._on_fatal = on_fatal
         self._task: asyncio.Task[None] | None = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -74,6 +75,9 @@ class SharedBreakers:
         self._refresher: asyncio.Task[None] | None = None
         self.store_down = False
         self.store_failures = 0
+        # (label, new state) -> how often this replica saw the breaker change to it (its
+        # own outcomes and other replicas' through the refresh), for the metrics
+        self.transitions: Counter[tuple[str, BreakerState]] = Counter()
 
     @staticmethod
     def key(label: str) -> str:
@@ -137,7 +141,11 @@ class SharedBreakers:
     ) -> None:
         """Record the outcome locally now and in the store in the background."""
         outcome = classify(error)
-        self._machine(label).record(self._clock.wall(), outcome)
+        machine, now = self._machine(label), self._clock.wall()
+        before = machine.state(now)
+        after = machine.record(now, outcome)
+        if after != before:
+            self.transitions[(label, after)] += 1
         self._queued.setdefault(label, []).append(outcome)
         if label not in self._writers:
             self._spawn_writer(label)
@@ -190,9 +198,14 @@ class SharedBreakers:
             self._down(exc)
             return
         self._up()
+        now = self._clock.wall()
         for label, flat in zip(labels, answer, strict=True):
             if label not in self._writers:
-                self._machine(label).fields = parse_fields(flat)
+                machine = self._machine(label)
+                before = machine.state(now)
+                machine.fields = parse_fields(flat)
+                if (after := machine.state(now)) != before:
+                    self.transitions[(label, after)] += 1
 
     async def flush(self) -> None:
         """Wait for every background write started so far (tests, shutdown)."""

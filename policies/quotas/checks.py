@@ -152,4 +152,5 @@ def rejection(
         retry_after=max(_retry_after(c.spec, now) for c, _ in failing),
     )
     error.headers.update(ratelimit_headers(checks, used, now))
+    error.refused_by = "quota:" + ",".join(sorted({c.spec.metric for c, _ in failing}))
     return error

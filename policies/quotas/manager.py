@@ -210,10 +210,12 @@ class QuotaManager:
         return Admission(ask.request_id, ask.tenant, ask.key_id, degraded, store, checks, used, now)
 
     def _unavailable(self, tenant: str) -> ServiceUnavailableError:
-        return ServiceUnavailableError(
+        error = ServiceUnavailableError(
             f"Quota state for tenant {tenant!r} is unavailable; try again shortly.",
             retry_after=self.unavailable_retry_after_s,
         )
+        error.refused_by = "quota:store_down"
+        return error
 
     def _note_degraded(self, tenant: str, exc: Exception) -> None:
         self.degraded_admissions += 1

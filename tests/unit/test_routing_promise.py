@@ -30,7 +30,7 @@ from routers.strategies.deadlines import Deadline, first_token_deadlines, patien
 from routers.strategies.predict import ttft_s
 from routers.strategies.slo import Slo
 from routers.targets import Target
-from routers.trace import Attempt, Trace
+from routers.trace import Trace
 
 
 # ---------------------------------------------------------------- load curve
@@ -456,7 +456,9 @@ async def test_a_target_whose_deadline_already_passed_is_skipped():
         trace,
         deadlines={"hangs/m": Deadline(-1.0)},
     )
-    assert first == "first" and trace.attempts == [Attempt("answers/m")]
+    assert first == "first"
+    assert [(a.label, a.error) for a in trace.attempts] == [("answers/m", None)]
+    assert trace.attempts[0].started <= trace.attempts[0].ended
     assert [(s.label, s.reason) for s in trace.skipped] == [("hangs/m", "deadline passed")]
 
 

@@ -167,3 +167,24 @@ def test_decode_contexts_add_one_and_a_half_steps() -> None:
     assert b.prefill_ctx == (0, 256, 1024, 2048)  # prefill keeps its coarse steps
     small = Buckets.build(4, 256, 32, block_size=16)
     assert small.context == (0, 64, 128, 192, 256)
+
+
+def test_first_scheduled_is_stamped_once_and_survives_preemption() -> None:
+    ticks = iter(range(100, 200))
+    buckets = Buckets.build(2, 64, 128, block_size=BS)
+    s = Scheduler(BlockPool(2, BS), buckets, 2, 128, clock=lambda: float(next(ticks)))
+    a = Sequence("a", [1, 2, 3, 4], max_tokens=8)
+    b = Sequence("b", [5, 6, 7, 8], max_tokens=8)
+    s.add(a)
+    s.add(b)
+    assert {a.first_scheduled, b.first_scheduled} == {None}  # queued, not yet scheduled
+    plan = s.schedule()
+    assert plan is not None
+    assert (a.first_scheduled, b.first_scheduled) == (100.0, 101.0)
+    run_step(s, plan)
+    s.schedule()  # a needs a second block: b is preempted back to the queue
+    assert (b.status, b.first_scheduled) == (Status.WAITING, 101.0)
+    s.finish(a)
+    s.schedule()  # b is admitted again
+    assert (b.status, b.first_scheduled) == (Status.RUNNING, 101.0)
+    assert a.first_scheduled == 100.0

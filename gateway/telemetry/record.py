@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from litestar import Request
@@ -13,7 +13,9 @@ from litestar import Request
 from core.errors import GatewayError
 from core.protocols import CallContext
 from core.tenancy import OPEN, Principal, UsageRow
-from core.wire import ChatChunk, Usage, make_usage
+from core.tracecontext import upstream_traceparent
+from core.wire import ChatChunk, ChatResponse, Usage, make_usage
+from gateway.telemetry.trace_ids import TraceIds, new_span_id
 from routers.targets import Target
 from routers.trace import Trace
 
@@ -22,6 +24,7 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 GATEWAY_ID_HEADER = "x-switchyard-request-id"
+CAPTURE_MAX_CHARS = 65_536  # completion text kept for a trace (capture_content only)
 
 
 def new_request_id() -> str:
@@ -38,8 +41,19 @@ def client_request_id(request: Request[Any, Any, Any]) -> str | None:
     return None
 
 
+class Phase(NamedTuple):
+    """A step of the request's pass (``time.monotonic()`` seconds), for its trace span."""
+
+    name: str
+    start: float
+    end: float
+
+
 class RequestRecord:
-    """Collects what one request did and writes ``request.completed`` exactly once."""
+    """Collects what one request did and writes ``request.completed`` exactly once.
+
+    Timings are ``time.monotonic()`` seconds (the executor's clock, so attempts line up);
+    ``wall_started`` anchors them to Unix time for exported spans."""
 
     def __init__(self, request: Request[Any, Any, Any], endpoint: str) -> None:
         # The gateway's own id keys quota leases, ledger rows and their dedup; a client
@@ -48,7 +62,14 @@ class RequestRecord:
         self.client_request_id = client_request_id(request)
         request.scope.setdefault("state", {})["request_id"] = self.echo_id
         self.endpoint = endpoint
-        self.started = time.perf_counter()
+        self.started = time.monotonic()
+        self.wall_started = time.time()
+        self.ended: float | None = None  # set by ``finish``
+        self.phases: list[Phase] = []  # authenticate, quota admission, queue, ledger...
+        # Set when tracing is on: the trace's ids, and one span id per upstream call in
+        # the order the calls were made (label, span id), named in its ``traceparent``.
+        self.trace_ids: TraceIds | None = None
+        self.call_spans: list[tuple[str, str]] = []
         self.model: str | None = None
         self.stream = False
         self.trace = Trace()
@@ -69,10 +90,24 @@ class RequestRecord:
         self.hedge_cost_usd = 0.0  # the hedge loser's prompt, at its price (not billed)
         self.prompt_cache_key: str | None = None
         self.cache_control_min_chars: int | None = None
+        # Prompt and completion text for the trace, kept only when tracing captures content
+        # (``observability.tracing.capture_content``, set by ``Telemetry.started``): the
+        # request path fills them behind ``if record.capture_content``, so the default
+        # costs one attribute test. ``content_in``: the messages as JSON (OpenAI's shape);
+        # ``content_out``: the generated text, at most ``CAPTURE_MAX_CHARS``.
+        self.capture_content = False
+        self.content_in: str | None = None
+        self.content_out: str | None = None
         self._done = False
 
     def call_context(self, target: Target, raw: bytes) -> CallContext:
-        """What one call to ``target`` needs; ``raw`` is the client's body, for passthrough."""
+        """What one call to ``target`` needs; ``raw`` is the client's body, for passthrough.
+        Called as the call is made: with tracing on, it names the call's span in the
+        ``traceparent`` the provider sends (``core.tracecontext``)."""
+        if self.trace_ids is not None:
+            span_id = new_span_id()
+            self.call_spans.append((target.label, span_id))
+            upstream_traceparent.set(self.trace_ids.traceparent(span_id))
         return CallContext(
             request_id=self.request_id,
             upstream_model=target.model,
@@ -97,6 +132,20 @@ class RequestRecord:
                 if call.function is not None:
                     self.streamed_chars += len(call.function.arguments or "")
 
+    def capture_answer(self, answer: ChatChunk | ChatResponse) -> None:
+        """Append the text of a streamed chunk (or of a whole answer) to ``content_out``,
+        up to ``CAPTURE_MAX_CHARS`` (so the copies stay bounded). Call only when
+        ``capture_content`` is set."""
+        kept = self.content_out or ""
+        if len(kept) >= CAPTURE_MAX_CHARS:
+            return
+        if isinstance(answer, ChatChunk):
+            texts = [choice.delta.content for choice in answer.choices]
+        else:
+            texts = [choice.message.content for choice in answer.choices]
+        added = "".join(text for text in texts if text)
+        self.content_out = (kept + added)[:CAPTURE_MAX_CHARS]
+
     def estimate_cut_usage(self, prompt_tokens: int) -> None:
         """A stream that ended before the upstream's usage chunk (the client left, or the
         upstream failed mid-stream) still cost upstream tokens: bill the prompt estimate
@@ -107,12 +156,17 @@ class RequestRecord:
         self.usage = make_usage(prompt_tokens, completion)
         self.usage_estimated = True
 
+    def timed(self, name: str) -> _Timed:
+        """``with record.timed("quota.admit"):`` records the block as a phase, also when
+        it raises or is cancelled."""
+        return _Timed(self.phases, name)
+
     def elapsed_s(self) -> float:
-        return time.perf_counter() - self.started
+        return time.monotonic() - self.started
 
     def first_byte(self) -> None:
         if self.ttft_s is None:
-            self.ttft_s = time.perf_counter() - self.started
+            self.ttft_s = time.monotonic() - self.started
 
     def headers(self) -> dict[str, str]:
         """Response headers that say what happened."""
@@ -163,7 +217,8 @@ class RequestRecord:
         self._done = True
         served = self.trace.served_by
         usage = self.usage
-        latency = time.perf_counter() - self.started
+        self.ended = time.monotonic()
+        latency = self.ended - self.started
         _log.info(
             "request.completed",
             request_id=self.request_id,
@@ -193,6 +248,23 @@ class RequestRecord:
             slo_met=self.slo_met,
             error=_error_name(error),
         )
+
+
+class _Timed:
+    """The context manager behind ``RequestRecord.timed`` (a class: cheaper per request
+    than ``contextlib.contextmanager``)."""
+
+    __slots__ = ("_name", "_phases", "_since")
+
+    def __init__(self, phases: list[Phase], name: str) -> None:
+        self._phases, self._name = phases, name
+        self._since = 0.0
+
+    def __enter__(self) -> None:
+        self._since = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self._phases.append(Phase(self._name, self._since, time.monotonic()))
 
 
 def _error_name(error: GatewayError | None) -> str | None:

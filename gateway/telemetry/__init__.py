@@ -1,0 +1,1 @@
+"""What requests did, as records, metrics and traces (see docs/architecture.md)."""
