@@ -31,11 +31,15 @@ from tests.fixtures.server import free_port
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def rounds(port: int, dialects: list[str], count: int, repeat: int) -> dict[str, float]:
+async def rounds(
+    port: int, dialects: list[str], count: int, repeat: int, extra: str = ""
+) -> dict[str, float]:
+    """Best CPU ms per request per dialect; ``extra``: YAML sections added to the config
+    (e.g. ``observability: {metrics: {enabled: false}}`` for an A/B)."""
     config = parse_config(
         "logging: {level: info, json: true}\nproviders:\n"
         f"  up: {{type: openai, base_url: 'http://127.0.0.1:{port}/v1', api_key_env: K}}\n"
-        "models:\n  bench: {targets: [{provider: up, model: bench-model}]}\n"
+        "models:\n  bench: {targets: [{provider: up, model: bench-model}]}\n" + extra
     )
     app = create_app(config, env={"K": "sk-bench"})
     best: dict[str, float] = {}
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--dialects", default="chat,messages,responses")
+    parser.add_argument("--config-extra", default="", help="YAML appended to the config")
     args = parser.parse_args()
     port = free_port()
     upstream = subprocess.Popen(
@@ -71,7 +76,7 @@ def main() -> None:
     try:
         time.sleep(0.5)
         names = args.dialects.split(",")
-        best = asyncio.run(rounds(port, names, args.requests, args.rounds))
+        best = asyncio.run(rounds(port, names, args.requests, args.rounds, args.config_extra))
     finally:
         upstream.terminate()
         upstream.wait(10)

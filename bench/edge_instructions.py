@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EXTRA_ENV = "SWITCHYARD_BENCH_CONFIG_EXTRA"  # YAML the driver appends to its config
 
 
 def drive(port: int, count: int, dialect: str) -> None:
@@ -37,10 +38,10 @@ def drive(port: int, count: int, dialect: str) -> None:
     abandon.WATCH_AFTER_S = 1000.0
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the whole process
     configure_logging(LoggingConfig(level="info", json=True))
-    asyncio.run(edge_cpu.rounds(port, [dialect], count, 1))
+    asyncio.run(edge_cpu.rounds(port, [dialect], count, 1, os.environ.get(EXTRA_ENV, "")))
 
 
-def instructions(port: int, count: int, dialect: str) -> int:
+def instructions(port: int, count: int, dialect: str, extra: str = "") -> int:
     """Instructions valgrind counted for one driver process of ``count`` requests."""
     with tempfile.NamedTemporaryFile(suffix=".log") as log:
         command = [
@@ -57,7 +58,7 @@ def instructions(port: int, count: int, dialect: str) -> int:
             str(count),
             dialect,
         ]
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        env = {**os.environ, "PYTHONHASHSEED": "0", EXTRA_ENV: extra}
         subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
         found = re.search(r"I\s+refs:\s+([\d,]+)", Path(log.name).read_text())
     if found is None:
@@ -71,6 +72,11 @@ def main() -> None:
     parser.add_argument("--few", type=int, default=50)
     parser.add_argument("--many", type=int, default=450)
     parser.add_argument("--drive", nargs=3, metavar=("PORT", "COUNT", "DIALECT"))
+    parser.add_argument(
+        "--config-extra",
+        default="",
+        help="YAML appended to the config, e.g. 'observability: {metrics: {enabled: false}}'",
+    )
     args = parser.parse_args()
     if args.drive:
         drive(int(args.drive[0]), int(args.drive[1]), args.drive[2])
@@ -81,8 +87,8 @@ def main() -> None:
     upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(port)], cwd=ROOT)
     try:
         time.sleep(0.5)
-        few = instructions(port, args.few, args.dialect)
-        many = instructions(port, args.many, args.dialect)
+        few = instructions(port, args.few, args.dialect, args.config_extra)
+        many = instructions(port, args.many, args.dialect, args.config_extra)
     finally:
         upstream.terminate()
         upstream.wait(10)

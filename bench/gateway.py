@@ -10,6 +10,7 @@ floor. For each server (uvicorn, granian) it reports
   - the gateway's RSS after the load.
 
 Run: .venv/bin/python -m bench.gateway [--seconds 8] [--rate 300] [--servers uvicorn,granian]
+     .venv/bin/python -m bench.gateway --metrics-ab 5   (CPU per request, metrics off vs on)
 Needs `wrk` (Debian package) and taskset; loopback only; stops by itself.
 """
 
@@ -203,14 +204,51 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) > 2 else float("nan")
 
 
-def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+def write_config(workdir: Path, up_port: int, extra: str = "") -> Path:
+    """The gateway's config for one run; ``extra``: YAML sections appended."""
     config = workdir / "bench.yaml"
     config.write_text(
         "logging: {level: info, json: true}\nproviders:\n"
         f"  up: {{type: openai, base_url: 'http://127.0.0.1:{up_port}/v1', api_key_env: BENCH_KEY}}\n"
-        "models:\n  bench: {targets: [{provider: up, model: bench-model}]}\n"
+        "models:\n  bench: {targets: [{provider: up, model: bench-model}]}\n" + extra
     )
     os.environ["BENCH_KEY"] = "sk-bench"
+    return config
+
+
+METRICS_OFF = "observability: {metrics: {enabled: false}}\n"
+
+
+def metrics_ab(up_port: int, args: argparse.Namespace, workdir: Path) -> None:
+    """Gateway CPU per plain request with metrics off and on (uvicorn, wrk, one core),
+    alternating ``--metrics-ab`` times; prints the minimum of each (the least disturbed)."""
+    best: dict[str, float] = {}
+    for _ in range(args.metrics_ab):
+        for name, extra in (("off", METRICS_OFF), ("on", "")):
+            config = write_config(workdir, up_port, extra + args.config_extra)
+            port = free_port()
+            proc = start_gateway("uvicorn", config, port, workdir / f"ab-{name}.log")
+            try:
+                wait_http(f"http://127.0.0.1:{port}/healthz")
+                worker = gateway_process(proc)
+                run_wrk(port, "/v1/chat/completions", 2)  # warm-up
+                cpu0 = cpu_seconds(worker)
+                _, done = run_wrk(port, "/v1/chat/completions", args.seconds)
+                per = (cpu_seconds(worker) - cpu0) / done * 1000
+            finally:
+                proc.terminate()
+                proc.wait(10)
+            best[name] = min(best.get(name, per), per)
+            print(f"metrics {name:3s}: gateway CPU {per:.4f} ms/req")
+    added = best["on"] - best["off"]
+    print(
+        f"metrics A/B (min of {args.metrics_ab}): off {best['off']:.4f} ms/req, "
+        f"on {best['on']:.4f} ms/req, added {added:+.4f} ms/req"
+    )
+
+
+def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    config = write_config(workdir, up_port, args.config_extra)
     port = free_port()
     proc = start_gateway(server, config, port, workdir / f"{server}.log")
     try:
@@ -273,6 +311,14 @@ def main() -> None:
         default="chat",
         help="also CPU per request per client dialect: chat,messages,responses",
     )
+    parser.add_argument("--config-extra", default="", help="YAML appended to the config")
+    parser.add_argument(
+        "--metrics-ab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only compare gateway CPU per request with metrics off and on, N rounds each",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("bench needs wrk: apt-get install wrk")
@@ -280,6 +326,10 @@ def main() -> None:
     upstream = start_upstream(up_port)
     try:
         time.sleep(0.5)
+        if args.metrics_ab:
+            with tempfile.TemporaryDirectory() as tmp:
+                metrics_ab(up_port, args, Path(tmp))
+            return
         direct = floor(up_port, args)
         print(
             f"direct to upstream: {direct['rps']:.0f} req/s; p50 {direct['p50']:.2f} ms, "

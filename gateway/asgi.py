@@ -18,5 +18,5 @@ from gateway.process.observe import configure_logging
 
 def app_from_env() -> Litestar:
     config = load_config(os.environ.get("SWITCHYARD_CONFIG", "config.yaml"))
-    configure_logging(config.logging)
+    configure_logging(config.logging, redact=config.observability.redact)
     return create_app(config)

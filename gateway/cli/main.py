@@ -37,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return 1
-    configure_logging(config.logging)
+    configure_logging(config.logging, redact=config.observability.redact)
     _progress(
         f"config {path}: {len(config.models)} model aliases, "
         f"{len(config.providers)} providers; listening on http://{args.host}:{args.port}"

@@ -92,6 +92,8 @@ async def serve_chat(
         ingress = decode(raw)
         req = ingress.chat
         record.stream = req.stream
+        if record.capture_content:
+            record.content_in = msgspec.json.encode(req.messages).decode()
         scope.authorize(req.model)
         plan = scope.plan_chat(req)
         assert scope.route is not None
@@ -115,7 +117,7 @@ async def serve_chat(
     except BaseException as exc:
         await scope.close(*scope.fail(exc))
         raise
-    record.usage = result.response.usage
+    record.answered(result.response)
     await scope.close(200)
     cache.store(result.response)
     return Response(ingress.body(result), media_type=_JSON, headers=record.headers())
@@ -144,7 +146,7 @@ async def _replay(scope: Scope, ingress: Ingress, hit: ChatResponse) -> Response
     """Answer from the response cache, as JSON or as a stream in the client's dialect."""
     record = scope.record
     record.cache_hit = True
-    record.usage = hit.usage
+    record.answered(hit)
     await scope.close(200)
     headers = record.headers()
     if not ingress.chat.stream:

@@ -53,6 +53,8 @@ def keep_chunk(record: RequestRecord, part: StreamPart) -> None:
     cut stream bills when no usage came) and keep the usage it carries."""
     chunk = part.chunk
     record.streamed(chunk)
+    if record.capture_content:
+        record.capture_answer(chunk)
     if chunk.usage is not None:
         record.usage = chunk.usage
 

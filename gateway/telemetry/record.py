@@ -96,6 +96,7 @@ class RequestRecord:
         # costs one attribute test. ``content_in``: the messages as JSON (OpenAI's shape);
         # ``content_out``: the generated text, at most ``CAPTURE_MAX_CHARS``.
         self.capture_content = False
+        self.finish_reasons: list[str] = []  # per choice, as the answer ended (for traces)
         self.content_in: str | None = None
         self.content_out: str | None = None
         self._done = False
@@ -124,13 +125,24 @@ class RequestRecord:
         return self.client_request_id or self.request_id
 
     def streamed(self, chunk: ChatChunk) -> None:
-        """Count the generated text of a chunk that is being sent to the client."""
+        """Count the generated text of a chunk that is being sent to the client, and keep
+        the finish reasons it carries."""
         for choice in chunk.choices:
+            if choice.finish_reason is not None:
+                self.finish_reasons.append(choice.finish_reason)
             delta = choice.delta
             self.streamed_chars += len(delta.content or "") + len(delta.reasoning_content or "")
             for call in delta.tool_calls or ():
                 if call.function is not None:
                     self.streamed_chars += len(call.function.arguments or "")
+
+    def answered(self, response: ChatResponse) -> None:
+        """A whole answer (upstream or cache): keep its usage, its finish reasons and, when
+        content is captured, its text."""
+        self.usage = response.usage
+        self.finish_reasons = [c.finish_reason for c in response.choices if c.finish_reason]
+        if self.capture_content:
+            self.capture_answer(response)
 
     def capture_answer(self, answer: ChatChunk | ChatResponse) -> None:
         """Append the text of a streamed chunk (or of a whole answer) to ``content_out``,
