@@ -43,7 +43,9 @@ def open_stores(config: Config, clock: Clock) -> Stores:
 
 
 def target_labels(config: Config) -> list[str]:
-    return [f"{t.provider}/{t.model}" for m in config.models.values() for t in m.targets]
+    """Every configured target's label, once (aliases may share a target)."""
+    labels = (f"{t.provider}/{t.model}" for m in config.models.values() for t in m.targets)
+    return list(dict.fromkeys(labels))
 
 
 def local_replicas(config: Config) -> dict[str, ReplicaSpec]:

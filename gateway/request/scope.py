@@ -339,11 +339,10 @@ class Scope:
         if self.route is None:
             return  # never routed (refused before): not a request for any alias's goodput
         record.slo_ttft_ms = self.route.slo_ttft_ms
+        # A JSON answer's first token reaches the client with the whole answer.
+        first = record.ttft_s if record.stream else record.elapsed_s()
         record.slo_met = self.state.goodput.record(
-            self.route.model,
-            objective_ms=record.slo_ttft_ms,
-            ttft_s=record.ttft_s,
-            ok=status == 200,
+            self.route.model, objective_ms=record.slo_ttft_ms, ttft_s=first, ok=status == 200
         )
 
     async def _admitted(self) -> Admission | None:

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from core.config import Config
 from core.errors import GatewayError
@@ -65,6 +71,9 @@ class GatewayMetrics:
     """One registry per app (tests build several apps in one process)."""
 
     def __init__(self) -> None:
+        # No ``*_created`` companion per series: it doubles the series count and nothing
+        # reads it (a process-wide prometheus_client setting).
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.tenants = TenantLabels()
         r = self.registry
@@ -115,7 +124,7 @@ class GatewayMetrics:
             Histogram(
                 "switchyard_queue_wait_seconds",
                 "Time a request waited in the admission queue (only requests that waited).",
-                ["gen_ai_request_model"],
+                ["model"],
                 buckets=QUEUE_BUCKETS,
                 registry=r,
             )

@@ -88,10 +88,10 @@ def test_a_stream_reports_ttft_and_time_per_output_token():
 def test_queue_wait_is_observed_only_for_requests_that_waited():
     metrics = GatewayMetrics()
     metrics.request_done(record(), CONFIG, 200, None)
-    assert value(metrics, "switchyard_queue_wait_seconds_count", gen_ai_request_model="chat") == 0
+    assert value(metrics, "switchyard_queue_wait_seconds_count", model="chat") == 0
     waited = record(phases=[Phase("queue.wait", 100.0, 100.25)])
     metrics.request_done(waited, CONFIG, 200, None)
-    assert value(metrics, "switchyard_queue_wait_seconds_sum", gen_ai_request_model="chat") == 0.25
+    assert value(metrics, "switchyard_queue_wait_seconds_sum", model="chat") == 0.25
 
 
 def test_refusals_are_counted_by_gate():
