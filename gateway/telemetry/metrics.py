@@ -73,7 +73,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         # No ``*_created`` companion per series: it doubles the series count and nothing
         # reads it (a process-wide prometheus_client setting).
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self.tenants = TenantLabels()
         r = self.registry
