@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from core.config_batch import BatchConfig
+from core.config_idempotency import IdempotencyConfig
 from core.config_observability import ObservabilityConfig
 from core.config_routing import (
     BreakerConfig,
@@ -182,6 +184,8 @@ class Config(_Strict, frozen=True):
     ledger: LedgerConfig = LedgerConfig()
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    idempotency: IdempotencyConfig = IdempotencyConfig()
+    batch: BatchConfig = BatchConfig()
     source: str | None = None  # the file it was loaded from (set by load_config)
 
     @property
@@ -208,6 +212,8 @@ _SECTIONS = {
     "ledger": LedgerConfig,
     "response_cache": ResponseCacheConfig,
     "observability": ObservabilityConfig,
+    "idempotency": IdempotencyConfig,
+    "batch": BatchConfig,
 }
 
 

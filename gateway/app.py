@@ -10,14 +10,19 @@ from litestar import Litestar
 from core.config import Config
 from gateway.http.abandon import finish_abandoned
 from gateway.http.errors import exception_handlers
+from gateway.http.idempotency import STATE_KEY as IDEMPOTENCY_KEY
+from gateway.http.idempotency import idempotency_keys
+from gateway.jobs.runner import close_jobs, open_jobs
 from gateway.process.reload import Reloader
 from gateway.process.runtime import Progress
 from gateway.process.state import GatewayState
 from gateway.routes import (
     admin,
+    batches,
     chat,
     completions,
     embeddings,
+    files,
     messages,
     metrics,
     models,
@@ -40,19 +45,22 @@ def create_app(
         app.state.gateway = state
         telemetry = app.state.telemetry = Telemetry(config)
         await state.start()
+        jobs = app.state.jobs = await open_jobs(app, state)  # the batch runner and its store
         reloader: Reloader | None = None
         if config.source is not None:
             reloader = Reloader(state, config.source)
             app.state.reloader = reloader  # state knows nothing of reloads (no import circle)
             if config.server.watch_config:
                 state.spawn(reloader.watch(config.server.watch_interval_s))
-        telemetry.metrics.watch(state, reloader)
+        telemetry.metrics.watch(state, reloader, lambda: app.state.get(IDEMPOTENCY_KEY))
         try:
             yield
         finally:
+            await close_jobs(jobs, state)  # its items are requests: before the state drains
             await state.aclose()
             telemetry.shutdown()
 
+    shapes = {messages.PATH: messages.anthropic_shape}  # error shapes by path prefix
     app = Litestar(
         route_handlers=[
             chat.chat_completions,
@@ -73,10 +81,21 @@ def create_app(
             usage_routes.admin_usage,
             usage_routes.tenant_usage,
             openapi.openapi_document,
+            files.upload_handler(config.batch.max_file_bytes),
+            files.list_files,
+            files.retrieve_file,
+            files.delete_file,
+            files.file_content,
+            batches.create_batch,
+            batches.list_batches,
+            batches.retrieve_batch,
+            batches.cancel_batch,
         ],
         lifespan=[lifespan],
-        middleware=[finish_abandoned],
-        exception_handlers=exception_handlers(by_prefix={messages.PATH: messages.anthropic_shape}),
+        # Outermost first: a keyed request runs inside its own task, where no disconnect
+        # reaches ``finish_abandoned`` (gateway/http/idempotency.py).
+        middleware=[idempotency_keys(by_prefix=shapes), finish_abandoned],
+        exception_handlers=exception_handlers(by_prefix=shapes),
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,
         logging_config=None,

@@ -32,6 +32,7 @@ from gateway.http.errors import internal_error
 from gateway.process.health import TrackerObserver
 from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
+from gateway.request.batch import batch_caller
 from gateway.request.routing_view import route_request, tenant_constraints
 from gateway.telemetry.hub import Telemetry
 from gateway.telemetry.record import RequestRecord
@@ -75,6 +76,7 @@ class Scope:
         self._final: asyncio.Task[None] | None = None
         self._held: list[AsyncIterator[Any]] = []
         self.client_gone = False  # set by the edge when the client disconnects
+        self.batch = batch_caller(request)  # set when the batch runner makes this request
         self.state.in_flight.enter()
         self.telemetry: Telemetry = request.app.state.telemetry
         self.telemetry.started(self.record, self.headers, self.runtime.config)
@@ -94,7 +96,8 @@ class Scope:
     def authenticate(self) -> None:
         """401 unless the credentials name a tenant (or the gateway is open)."""
         with self.record.timed("authenticate"):
-            self.record.principal = self.runtime.auth.authenticate(self.headers)
+            batch, auth = self.batch, self.runtime.auth  # a batch item: its batch's creator
+            self.record.principal = batch.principal if batch else auth.authenticate(self.headers)
 
     def authorize(self, model: str) -> None:
         self.record.model = model
@@ -359,7 +362,8 @@ class Scope:
         served, usage = self.record.trace.served_by, self.record.usage
         if served is None or usage is None or self.record.cache_hit:
             return 0.0
-        return cost_usd(
+        discount = self.runtime.config.batch.discount if self.batch else 0.0  # batch price
+        return (1.0 - discount) * cost_usd(
             served.price, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
         )
 

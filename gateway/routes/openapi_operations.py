@@ -24,6 +24,7 @@ from gateway.dialects.anthropic_messages_body import MessagesBody
 from gateway.dialects.anthropic_messages_wire import ErrorOut, MessageOut
 from gateway.dialects.responses import ResponsesBody
 from policies.goodput import Goodput
+from policies.jobs.objects import Batch, BatchCreate, BatchList, FileDeleted, FileList, FileObject
 
 OPENAPI_PATH = "/openapi.json"
 _JSON = "application/json"
@@ -157,6 +158,10 @@ _USAGE_PARAMS = (
     Param("format", "query", "Export format (default jsonl).", ("csv", "jsonl")),
 )
 _EXPORT = {"application/x-ndjson": {"type": "string"}, "text/csv": {"type": "string"}}
+_FILE_ID = Param("file_id", "path", "A file's id (`file-…`), the caller's own.")
+_BATCH_ID = Param("batch_id", "path", "A batch's id (`batch_…`), the caller's own.")
+_AFTER = Param("after", "query", "The last id of the previous page (cursor).")
+_OBJECT_ERRORS = (401, 404)
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/v1/chat/completions"): Operation(
@@ -289,6 +294,84 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         _EXPORT,
         (400, 401, 403, 503),
         params=_USAGE_PARAMS,
+    ),
+    ("POST", "/v1/files"): Operation(
+        "Upload a batch input file: multipart/form-data with `file` (JSON Lines, one request "
+        "a line) and `purpose=batch`; every line is checked, a 400 names the bad ones",
+        "batch",
+        "tenant",
+        {_JSON: FileObject},
+        (400, 401, 413),
+    ),
+    ("GET", "/v1/files"): Operation(
+        "The caller's files (uploads and batch results), newest first",
+        "batch",
+        "tenant",
+        {_JSON: FileList},
+        (400, 401),
+        params=(
+            _AFTER,
+            Param("limit", "query", "Page size, 1 to 10000 (default 10000)."),
+            Param("order", "query", "By creation time (default desc).", ("asc", "desc")),
+            Param("purpose", "query", "Only files with this purpose (batch, batch_output)."),
+        ),
+    ),
+    ("GET", "/v1/files/{file_id}"): Operation(
+        "One of the caller's files",
+        "batch",
+        "tenant",
+        {_JSON: FileObject},
+        _OBJECT_ERRORS,
+        params=(_FILE_ID,),
+    ),
+    ("DELETE", "/v1/files/{file_id}"): Operation(
+        "Delete one of the caller's files",
+        "batch",
+        "tenant",
+        {_JSON: FileDeleted},
+        _OBJECT_ERRORS,
+        params=(_FILE_ID,),
+    ),
+    ("GET", "/v1/files/{file_id}/content"): Operation(
+        "A file's bytes (a batch's output or error file: JSON Lines)",
+        "batch",
+        "tenant",
+        {"application/octet-stream": {"type": "string"}},
+        _OBJECT_ERRORS,
+        params=(_FILE_ID,),
+    ),
+    ("POST", "/v1/batches"): Operation(
+        "Create a batch from an uploaded file; it starts `validating`",
+        "batch",
+        "tenant",
+        {_JSON: Batch},
+        (400, 401, 404),
+        body=BatchCreate,
+    ),
+    ("GET", "/v1/batches"): Operation(
+        "The caller's batches, newest first",
+        "batch",
+        "tenant",
+        {_JSON: BatchList},
+        (400, 401),
+        params=(_AFTER, Param("limit", "query", "Page size, 1 to 100 (default 20).")),
+    ),
+    ("GET", "/v1/batches/{batch_id}"): Operation(
+        "One of the caller's batches: status, request counts, output and error files",
+        "batch",
+        "tenant",
+        {_JSON: Batch},
+        _OBJECT_ERRORS,
+        params=(_BATCH_ID,),
+    ),
+    ("POST", "/v1/batches/{batch_id}/cancel"): Operation(
+        "Cancel a batch: pending requests are dropped, running ones finish (`cancelling`, "
+        "then `cancelled`); 409 for a batch that already ended",
+        "batch",
+        "tenant",
+        {_JSON: Batch},
+        (401, 404, 409),
+        params=(_BATCH_ID,),
     ),
     ("GET", OPENAPI_PATH): Operation("This document", "meta", "none", {_JSON: {"type": "object"}}),
 }

@@ -16,6 +16,7 @@ from a fixed set of error names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -44,6 +45,7 @@ from gateway.telemetry.series import (
     status_class,
 )
 from gateway.telemetry.state_metrics import StateCollector
+from policies.idempotency import IdempotencyKeys
 from routers.trace import Attempt
 
 NONE = ""  # label value for "not applicable" (no tenant, no target)
@@ -247,9 +249,15 @@ class GatewayMetrics:
             )
         )
 
-    def watch(self, state: GatewayState, reloader: Reloader | None) -> None:
-        """Also report ``state`` (and reloads) at scrape time (the app calls this once)."""
-        self.registry.register(StateCollector(state, reloader))
+    def watch(
+        self,
+        state: GatewayState,
+        reloader: Reloader | None,
+        idempotency: Callable[[], IdempotencyKeys | None] = lambda: None,
+    ) -> None:
+        """Also report ``state``, reloads and idempotency keys at scrape time (the app
+        calls this once)."""
+        self.registry.register(StateCollector(state, reloader, idempotency))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

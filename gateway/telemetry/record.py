@@ -20,7 +20,7 @@ from routers.targets import Target
 from routers.trace import Trace
 
 _log = structlog.get_logger("switchyard")
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # client ids the gateway echoes
 
 
 GATEWAY_ID_HEADER = "x-switchyard-request-id"
@@ -36,7 +36,7 @@ def client_request_id(request: Request[Any, Any, Any]) -> str | None:
     """The client's ``x-request-id`` when it is a sane token (else None). Used for
     correlation only: echoed back, logged, stored beside the row; never as an identity."""
     supplied = request.headers.get("x-request-id")
-    if supplied and _SAFE_ID.match(supplied):
+    if supplied and SAFE_ID.match(supplied):
         return supplied
     return None
 

@@ -4,13 +4,14 @@ replicas' saturation, the ledger's backlog and config reloads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.process.reload import Reloader
 from gateway.process.state import GatewayState, target_labels
+from policies.idempotency import IdempotencyKeys
 
 _BREAKER_STATES = ("closed", "open", "half_open")
 
@@ -19,9 +20,15 @@ class StateCollector(Collector):
     """Reads ``state`` (and the ``reloader``, when the config came from a file) at scrape
     time; nothing is counted twice and nothing runs on the request path."""
 
-    def __init__(self, state: GatewayState, reloader: Reloader | None) -> None:
+    def __init__(
+        self,
+        state: GatewayState,
+        reloader: Reloader | None,
+        idempotency: Callable[[], IdempotencyKeys | None] = lambda: None,
+    ) -> None:
         self._state = state
         self._reloader = reloader
+        self._idempotency = idempotency  # made on first keyed request (gateway/http)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
@@ -30,6 +37,7 @@ class StateCollector(Collector):
         yield from self._replicas()
         yield from self._ledger()
         yield from self._reloads()
+        yield from self._idempotent()
 
     def _requests(self) -> Iterator[Metric]:
         state = self._state
@@ -132,6 +140,18 @@ class StateCollector(Collector):
                 "When the last reload was applied (Unix seconds).",
                 reloader.last_applied_at,
             )
+
+    def _idempotent(self) -> Iterator[Metric]:
+        keys = self._idempotency()
+        outcomes = CounterMetricFamily(
+            "switchyard_idempotency_keys",
+            "Requests with an Idempotency-Key by what the key held: claimed (it ran), "
+            "replayed (a stored answer), mismatch (another body: 422).",
+            labels=["outcome"],
+        )
+        for outcome in ("claimed", "replayed", "mismatch"):
+            outcomes.add_metric([outcome], float(keys.outcomes[outcome] if keys else 0))
+        yield outcomes
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

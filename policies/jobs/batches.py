@@ -1,0 +1,283 @@
+"""The ``batches`` table: create, read, list, cancel, and the validating -> in_progress |
+failed step. Reads and the caller's writes name the tenant; the runner's steps are guarded
+by the status they expect, so replicas that race for one step apply it once.
+
+Status transitions (OpenAI's): validating -> in_progress -> finalizing -> completed;
+validating -> failed (the input file is invalid or gone); in_progress -> cancelling ->
+cancelled; validating -> cancelled (nothing ran); in_progress -> expired (the completion
+window passed: ``closing`` is set at once, the status follows when the running items
+settle). ``finalize.py`` writes the last three.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from core.errors import InvalidRequestError
+from core.tenancy import Principal
+from policies.jobs.errors import ConflictError, no_batch, no_file
+from policies.jobs.files import UnknownCursor
+from policies.jobs.jsonl import Request
+from policies.jobs.objects import (
+    FILE_PURPOSE,
+    Batch,
+    BatchCreate,
+    BatchError,
+    BatchErrors,
+    BatchList,
+    RequestCounts,
+    new_id,
+)
+from policies.jobs.schema import write
+
+_COLUMNS = (
+    "id, endpoint, errors, input_file_id, completion_window, status, output_file_id,"
+    " error_file_id, created_at, in_progress_at, expires_at, finalizing_at, completed_at,"
+    " failed_at, expired_at, cancelling_at, cancelled_at, total, completed, failed, metadata"
+)
+_errors = msgspec.json.Decoder(BatchErrors)
+_metadata = msgspec.json.Decoder(dict[str, str])
+_encode = msgspec.json.Encoder().encode
+
+
+class Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """A batch waiting for validation: whose it is and what to read."""
+
+    id: str
+    tenant: str
+    principal: Principal
+    endpoint: str
+    input_file_id: str
+
+
+def tenant_key(principal: Principal) -> str:
+    """The store's tenant of a caller: its tenant, or ``""`` for the open gateway and the
+    admin key (one namespace: neither is a tenant)."""
+    return principal.tenant or ""
+
+
+def _batch(row: Any) -> Batch:
+    (batch_id, endpoint, errors, input_file_id, window, status, output_id, error_id) = row[:8]
+    times = [None if value is None else int(value) for value in row[8:17]]
+    total, completed, failed, metadata = row[17:]
+    return Batch(
+        id=batch_id,
+        endpoint=endpoint,
+        errors=None if errors is None else _errors.decode(errors),
+        input_file_id=input_file_id,
+        completion_window=window,
+        status=status,
+        output_file_id=output_id,
+        error_file_id=error_id,
+        created_at=times[0] or 0,
+        in_progress_at=times[1],
+        expires_at=times[2],
+        finalizing_at=times[3],
+        completed_at=times[4],
+        failed_at=times[5],
+        expired_at=times[6],
+        cancelling_at=times[7],
+        cancelled_at=times[8],
+        request_counts=RequestCounts(total=total, completed=completed, failed=failed),
+        metadata=None if metadata is None else _metadata.decode(metadata),
+    )
+
+
+def get_batch(conn: sqlite3.Connection, tenant: str, batch_id: str) -> Batch | None:
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM batches WHERE tenant = ? AND id = ?", (tenant, batch_id)
+    ).fetchone()
+    return None if row is None else _batch(row)
+
+
+def create_batch(
+    conn: sqlite3.Connection,
+    principal: Principal,
+    body: BatchCreate,
+    *,
+    window_s: int,
+    now: float,
+) -> Batch:
+    """A new batch in ``validating``; 404 when the input file is not the tenant's (or
+    expired), 400 when it was not uploaded for batches."""
+    tenant, batch_id = tenant_key(principal), new_id("batch_")
+    expires = body.output_expires_after
+    with write(conn):
+        file = conn.execute(
+            "SELECT purpose FROM files WHERE tenant = ? AND id = ?"
+            " AND (expires_at IS NULL OR expires_at > ?)",
+            (tenant, body.input_file_id, now),
+        ).fetchone()
+        if file is None:
+            raise no_file(body.input_file_id, "input_file_id")
+        if file[0] != FILE_PURPOSE:
+            raise _wrong_purpose(body.input_file_id, file[0])
+        conn.execute(
+            "INSERT INTO batches (id, tenant, key_id, via, endpoint, input_file_id,"
+            " completion_window, status, metadata, output_expires_s, created_at, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
+            (
+                batch_id,
+                tenant,
+                principal.key_id,
+                principal.via,
+                body.endpoint,
+                body.input_file_id,
+                body.completion_window,
+                None if body.metadata is None else _encode(body.metadata),
+                None if expires is None else expires.seconds,
+                int(now),
+                int(now) + window_s,
+            ),
+        )
+    batch = get_batch(conn, tenant, batch_id)
+    assert batch is not None
+    return batch
+
+
+def _wrong_purpose(file_id: str, purpose: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"File {file_id} has purpose '{purpose}'; a batch's input must have purpose 'batch'.",
+        param="input_file_id",
+        code="invalid_file_purpose",
+    )
+
+
+def list_batches(
+    conn: sqlite3.Connection, tenant: str, *, after: str | None = None, limit: int = 20
+) -> BatchList:
+    """One page of the tenant's batches, newest first."""
+    where, params = ["tenant = ?"], [tenant]
+    if after is not None:
+        seq = conn.execute(
+            "SELECT seq FROM batches WHERE tenant = ? AND id = ?", (tenant, after)
+        ).fetchone()
+        if seq is None:
+            raise UnknownCursor(after)
+        where.append("seq < ?")
+        params.append(seq[0])
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM batches WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?",
+        (*params, limit + 1),
+    ).fetchall()
+    data = [_batch(row) for row in rows[:limit]]
+    return BatchList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=len(rows) > limit,
+    )
+
+
+def cancel_batch(
+    conn: sqlite3.Connection, tenant: str, batch_id: str, *, now: float, retention_s: float
+) -> Batch:
+    """Stop a batch: one still validating is cancelled at once; one in progress turns
+    ``cancelling`` (its pending items are dropped by the next finalize pass, its running
+    ones finish). Cancelling again is a no-op; a batch that ended is a 409."""
+    with write(conn):
+        row = conn.execute(
+            "SELECT status FROM batches WHERE tenant = ? AND id = ?", (tenant, batch_id)
+        ).fetchone()
+        if row is None:
+            raise no_batch(batch_id)
+        status = row[0]
+        if status == "validating":
+            conn.execute(
+                "UPDATE batches SET status = 'cancelled', cancelling_at = ?, cancelled_at = ?,"
+                " delete_at = ? WHERE id = ?",
+                (int(now), int(now), now + retention_s, batch_id),
+            )
+        elif status == "in_progress":
+            conn.execute(
+                "UPDATE batches SET status = 'cancelling', cancelling_at = ?,"
+                " closing = 'cancelled' WHERE id = ?",
+                (int(now), batch_id),
+            )
+        elif status not in ("cancelling", "cancelled"):
+            raise ConflictError(f"Cannot cancel a batch with status '{status}'.", param="batch_id")
+    batch = get_batch(conn, tenant, batch_id)
+    assert batch is not None
+    return batch
+
+
+def validating(conn: sqlite3.Connection, limit: int) -> list[Pending]:
+    """The oldest batches waiting for validation (any tenant: the runner's view)."""
+    rows = conn.execute(
+        "SELECT id, tenant, key_id, via, endpoint, input_file_id FROM batches"
+        " WHERE status = 'validating' ORDER BY seq LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [
+        Pending(
+            id=batch_id,
+            tenant=tenant,
+            principal=Principal(tenant=tenant or None, key_id=key_id, via=via),
+            endpoint=endpoint,
+            input_file_id=file_id,
+        )
+        for batch_id, tenant, key_id, via, endpoint, file_id in rows
+    ]
+
+
+def start_batch(
+    conn: sqlite3.Connection, pending: Pending, requests: Sequence[Request], now: float
+) -> bool:
+    """validating -> in_progress with one pending item per request, in one transaction;
+    False when the batch is no longer validating (cancelled, or another runner won)."""
+    with write(conn):
+        cursor = conn.execute(
+            "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?"
+            " WHERE id = ? AND status = 'validating'",
+            (int(now), len(requests), pending.id),
+        )
+        if cursor.rowcount != 1:
+            return False
+        conn.executemany(
+            "INSERT INTO items (batch_id, line, tenant, custom_id, body, state)"
+            " VALUES (?, ?, ?, ?, ?, 'pending')",
+            [(pending.id, r.line, pending.tenant, r.custom_id, r.body) for r in requests],
+        )
+    return True
+
+
+def fail_batch(
+    conn: sqlite3.Connection,
+    batch_id: str,
+    errors: Sequence[BatchError],
+    *,
+    now: float,
+    retention_s: float,
+) -> bool:
+    """validating -> failed with ``errors``; False when it was no longer validating."""
+    payload = _encode(BatchErrors(data=list(errors)))
+    with write(conn):
+        cursor = conn.execute(
+            "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, delete_at = ?"
+            " WHERE id = ? AND status = 'validating'",
+            (int(now), payload, now + retention_s, batch_id),
+        )
+        return cursor.rowcount == 1
+
+
+def expire_due(conn: sqlite3.Connection, *, now: float, retention_s: float) -> int:
+    """Batches past their completion window: one still validating expires at once; one
+    in progress stops taking work (``closing``) and expires when its running items settle.
+    Returns how many were touched."""
+    with write(conn):
+        done = conn.execute(
+            "UPDATE batches SET status = 'expired', expired_at = ?, delete_at = ?"
+            " WHERE status = 'validating' AND expires_at <= ?",
+            (int(now), now + retention_s, now),
+        ).rowcount
+        closing = conn.execute(
+            "UPDATE batches SET closing = 'expired'"
+            " WHERE status = 'in_progress' AND closing IS NULL AND expires_at <= ?"
+            " AND completed + failed < total",
+            (now,),
+        ).rowcount
+    return int(done + closing)

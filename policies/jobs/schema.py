@@ -1,0 +1,117 @@
+"""The job store's SQLite file: tables, indexes, connections, transactions.
+
+Three tables, every row carrying its tenant:
+
+- ``files``: uploads and output/error files, the bytes as a BLOB. ``seq`` orders lists.
+- ``batches``: one row per batch: the caller (tenant, key id, how it authenticated), the
+  OpenAI fields, the request counters (kept in the same transaction as the items that
+  move them), ``closing`` (``cancelled`` or ``expired`` once the batch must stop taking
+  work; the visible status follows when the last running item settles) and
+  ``delete_at`` (set when the batch ends: retention).
+- ``items``: one row per request line: ``state`` pending -> running -> done | failed,
+  ``owner`` and ``lease_until`` while running (for a pending item, ``lease_until`` is
+  the time before which it may not be claimed: a retry's back-off), ``result`` the
+  output or error line. Items are deleted when their batch's files are written.
+
+Durability as in the ledger: WAL, ``synchronous=FULL`` (a COMMIT is on disk), and every
+write in ``BEGIN IMMEDIATE`` so a second process waits (``busy_timeout``) instead of failing
+mid-transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BUSY_TIMEOUT_MS = 10_000
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS files (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        tenant TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        content BLOB NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS batches (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        tenant TEXT NOT NULL,
+        key_id TEXT,
+        via TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        input_file_id TEXT NOT NULL,
+        completion_window TEXT NOT NULL,
+        status TEXT NOT NULL,
+        closing TEXT,
+        errors BLOB,
+        metadata BLOB,
+        output_file_id TEXT,
+        error_file_id TEXT,
+        output_expires_s INTEGER,
+        created_at INTEGER NOT NULL,
+        in_progress_at INTEGER,
+        expires_at INTEGER NOT NULL,
+        finalizing_at INTEGER,
+        completed_at INTEGER,
+        failed_at INTEGER,
+        expired_at INTEGER,
+        cancelling_at INTEGER,
+        cancelled_at INTEGER,
+        total INTEGER NOT NULL DEFAULT 0,
+        completed INTEGER NOT NULL DEFAULT 0,
+        failed INTEGER NOT NULL DEFAULT 0,
+        delete_at REAL)""",
+    """CREATE TABLE IF NOT EXISTS items (
+        batch_id TEXT NOT NULL,
+        line INTEGER NOT NULL,
+        tenant TEXT NOT NULL,
+        custom_id TEXT NOT NULL,
+        body BLOB NOT NULL,
+        state TEXT NOT NULL,
+        owner TEXT,
+        lease_until REAL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        result BLOB,
+        PRIMARY KEY (batch_id, line))""",
+)
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS files_tenant ON files (tenant, seq)",
+    "CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)",
+    "CREATE INDEX IF NOT EXISTS batches_tenant ON batches (tenant, seq)",
+    "CREATE INDEX IF NOT EXISTS batches_status ON batches (status, seq)",
+    # what claims scan: the open items of a batch, in line order
+    "CREATE INDEX IF NOT EXISTS items_open ON items (batch_id, line)"
+    " WHERE state IN ('pending', 'running')",
+    "CREATE INDEX IF NOT EXISTS items_owner ON items (owner) WHERE owner IS NOT NULL",
+)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), creating the file,
+    its folder and the schema when needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    with write(conn):
+        for statement in (*_TABLES, *_INDEXES):
+            conn.execute(statement)
+    return conn
+
+
+@contextmanager
+def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction: committed when the block ends, rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

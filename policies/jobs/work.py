@@ -1,0 +1,140 @@
+"""Claims and leases: how runners in one or several processes share a store's items so that
+no item runs twice while a lease holds and none is lost when a runner dies.
+
+- ``claim``: one ``UPDATE … RETURNING`` takes up to ``n`` items that are pending (and past
+  their back-off) or running under an expired lease, oldest batch first, and gives them to
+  ``owner`` until ``lease_until``. SQLite runs it under the write lock, so two processes
+  never take the same item.
+- ``renew``: the owner pushes its running items' leases forward (a heartbeat); an owner
+  that crashed stops renewing, and its items become claimable when the lease runs out.
+- ``finish``: the result and the state change in one transaction, guarded by the owner;
+  a finished item is never pending again, so it never runs again. A runner that lost its
+  lease (another took the item over) writes nothing: the first result stays the only one.
+- ``retry_later``: back to pending, not claimable before ``not_before``.
+- ``release``: a runner that stops hands its unfinished items back at once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from msgspec import Struct
+
+from core.tenancy import Principal
+from policies.jobs.schema import write
+
+_CLAIM = """
+UPDATE items SET state = 'running', owner = :owner, lease_until = :until
+WHERE (batch_id, line) IN (
+    SELECT i.batch_id, i.line FROM batches b JOIN items i ON i.batch_id = b.id
+    WHERE b.status = 'in_progress' AND b.closing IS NULL
+      AND i.state IN ('pending', 'running')
+      AND ((i.state = 'pending' AND (i.lease_until IS NULL OR i.lease_until <= :now))
+           OR (i.state = 'running' AND i.lease_until < :now))
+    ORDER BY b.seq, i.line
+    LIMIT :n)
+RETURNING batch_id, line, custom_id, body, attempts
+"""
+
+
+class Claim(Struct, frozen=True, kw_only=True):
+    """One item a runner holds: what to call, for whom, and which try this is."""
+
+    batch_id: str
+    line: int
+    custom_id: str
+    url: str
+    body: bytes
+    principal: Principal
+    attempts: int  # earlier tries that were refused for now (429, 503)
+
+
+def claim(
+    conn: sqlite3.Connection, owner: str, n: int, *, now: float, lease_s: float
+) -> list[Claim]:
+    """Up to ``n`` items for ``owner``, leased until ``now + lease_s``."""
+    with write(conn):
+        rows = conn.execute(
+            _CLAIM, {"owner": owner, "until": now + lease_s, "now": now, "n": n}
+        ).fetchall()
+        ids = sorted({row[0] for row in rows})
+        callers = {
+            batch_id: (endpoint, Principal(tenant=tenant or None, key_id=key_id, via=via))
+            for batch_id, endpoint, tenant, key_id, via in conn.execute(
+                "SELECT id, endpoint, tenant, key_id, via FROM batches"
+                f" WHERE id IN ({', '.join('?' for _ in ids)})",
+                ids,
+            )
+        }
+    claims = [
+        Claim(
+            batch_id=batch_id,
+            line=line,
+            custom_id=custom_id,
+            url=callers[batch_id][0],
+            body=bytes(body),
+            principal=callers[batch_id][1],
+            attempts=attempts,
+        )
+        for batch_id, line, custom_id, body, attempts in rows
+    ]
+    return sorted(claims, key=lambda c: (c.batch_id, c.line))
+
+
+def renew(conn: sqlite3.Connection, owner: str, *, until: float) -> int:
+    """Extend every lease ``owner`` holds to ``until``; how many it holds."""
+    with write(conn):
+        return int(
+            conn.execute(
+                "UPDATE items SET lease_until = ? WHERE owner = ? AND state = 'running'",
+                (until, owner),
+            ).rowcount
+        )
+
+
+def finish(
+    conn: sqlite3.Connection, owner: str, item: Claim, *, ok: bool, result: bytes
+) -> tuple[bool, bool]:
+    """Record ``item``'s output (``ok``) or error line. Returns (written, settled):
+    whether ``owner`` still held it, and whether every item of its batch is now done or
+    failed (the batch is ready to be finalized)."""
+    state, counter = ("done", "completed") if ok else ("failed", "failed")
+    with write(conn):
+        written = conn.execute(
+            "UPDATE items SET state = ?, result = ?, owner = NULL, lease_until = NULL"
+            " WHERE batch_id = ? AND line = ? AND owner = ? AND state = 'running'",
+            (state, result, item.batch_id, item.line, owner),
+        ).rowcount
+        if written:
+            conn.execute(
+                f"UPDATE batches SET {counter} = {counter} + 1 WHERE id = ?", (item.batch_id,)
+            )
+        row = conn.execute(
+            "SELECT completed + failed >= total FROM batches WHERE id = ?", (item.batch_id,)
+        ).fetchone()
+    return bool(written), bool(row and row[0])
+
+
+def retry_later(conn: sqlite3.Connection, owner: str, item: Claim, *, not_before: float) -> bool:
+    """Back to pending, claimable again from ``not_before``; one more attempt counted."""
+    with write(conn):
+        return bool(
+            conn.execute(
+                "UPDATE items SET state = 'pending', owner = NULL, lease_until = ?,"
+                " attempts = attempts + 1"
+                " WHERE batch_id = ? AND line = ? AND owner = ? AND state = 'running'",
+                (not_before, item.batch_id, item.line, owner),
+            ).rowcount
+        )
+
+
+def release(conn: sqlite3.Connection, owner: str) -> int:
+    """Every item ``owner`` is running, pending again and claimable at once."""
+    with write(conn):
+        return int(
+            conn.execute(
+                "UPDATE items SET state = 'pending', owner = NULL, lease_until = NULL"
+                " WHERE owner = ? AND state = 'running'",
+                (owner,),
+            ).rowcount
+        )
