@@ -272,6 +272,13 @@ def _check_state(sections: dict[str, Any], errors: list[str]) -> None:
         errors.append("ledger.backend: redis needs state.backend: redis")
 
 
+def _check_webhooks(sections: dict[str, Any], tenants: dict[str, Any], errors: list[str]) -> None:
+    batch = sections.get("batch")
+    for name in batch.webhooks if batch else ():
+        if name != "*" and name not in tenants:
+            errors.append(f"batch.webhooks.{name}: unknown tenant (a tenant's name, or '*')")
+
+
 def _check_observability(sections: dict[str, Any], errors: list[str]) -> None:
     observability = sections.get("observability")
     for index, pattern in enumerate(observability.redact if observability else ()):
@@ -308,6 +315,7 @@ def parse_config(text: str | bytes) -> Config:
     _check_references(known, models, tenants, errors)
     _check_state(sections, errors)
     _check_observability(sections, errors)
+    _check_webhooks(sections, tenants, errors)
     if errors:
         raise ConfigError(errors)
     return Config(providers=providers, models=models, tenants=tenants, **sections)

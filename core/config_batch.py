@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from msgspec import Meta, Struct
 
@@ -14,6 +15,58 @@ Ratio = Annotated[float, Meta(ge=0, le=1)]
 Window = Annotated[str, Meta(pattern=r"^[1-9][0-9]*[smhd]$")]
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
+
+WebhookEvent = Literal[
+    "batch.completed", "batch.failed", "batch.cancelled", "batch.expired", "batch.in_progress"
+]
+# OpenAI's batch events (what a webhook gets unless it names others); ``batch.in_progress``
+# is Switchyard's own and must be asked for.
+OPENAI_BATCH_EVENTS: tuple[WebhookEvent, ...] = (
+    "batch.completed",
+    "batch.failed",
+    "batch.cancelled",
+    "batch.expired",
+)
+ANY_TENANT = "*"  # the webhook of every tenant without its own, and of the open gateway
+
+
+class WebhookConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Where one tenant's batch events go (docs/batches.md, "Webhooks").
+
+    - ``url``: ``http://`` or ``https://`` with a host; no user:password (the URL is shown
+      in the delivery log) and no fragment. Only the operator sets it: a URL a client could
+      choose would let it point the gateway at internal services.
+    - ``secret_env``: the environment variable holding the signing secret in Standard
+      Webhooks' form, ``whsec_`` + base64 of 24 to 64 random bytes (never in the file).
+    - ``events``: the event types sent (default: OpenAI's four batch events).
+    """
+
+    url: str
+    secret_env: Annotated[str, Meta(min_length=1)]
+    events: tuple[WebhookEvent, ...] = OPENAI_BATCH_EVENTS
+
+    def __post_init__(self) -> None:
+        problem = url_problem(self.url)
+        if problem is not None:
+            raise ValueError(f"url: {problem}")
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot receive webhooks, or None."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises on a port that is not a number
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https://"
+    if not parts.hostname:
+        return "needs a host"
+    if parts.username is not None or parts.password is not None:
+        return "must not hold credentials (it is shown in the delivery log)"
+    if parts.fragment:
+        return "must not have a fragment"
+    return None
 
 
 class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -43,6 +96,13 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     - ``completion_windows``: the windows a batch may ask for (``24h`` is OpenAI's only).
     - ``max_retry_delay_s``: the longest wait before an item refused for now (429, 503)
       is tried again.
+    - ``webhooks``: tenant name -> ``WebhookConfig``; ``"*"`` is the webhook of tenants
+      without one of their own and of the open gateway's (and admin key's) batches.
+    - ``webhook_max_attempts``: deliveries of one event before it is marked failed.
+    - ``webhook_retry_base_s`` / ``webhook_max_retry_delay_s``: the wait after the n-th
+      failed attempt is ``base * 2**(n-1)`` plus up to a quarter of it (jitter), at most
+      the maximum (or the receiver's ``Retry-After`` when that is longer, within it).
+    - ``webhook_timeout_s``: how long one attempt may take, connect to status line.
     """
 
     path: str | None = None
@@ -57,6 +117,11 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     sweep_interval_s: PositiveFloat = 60.0
     completion_windows: tuple[Window, ...] = ("24h",)
     max_retry_delay_s: PositiveFloat = 60.0
+    webhooks: dict[str, WebhookConfig] = {}
+    webhook_max_attempts: PositiveInt = 16
+    webhook_retry_base_s: PositiveFloat = 5.0
+    webhook_max_retry_delay_s: PositiveFloat = 6 * 3600.0
+    webhook_timeout_s: PositiveFloat = 15.0
 
 
 def window_seconds(window: str) -> int | None:

@@ -28,6 +28,7 @@ from gateway.routes import (
     models,
     openapi,
     responses,
+    webhooks,
 )
 from gateway.routes import usage as usage_routes
 from gateway.telemetry.hub import Telemetry
@@ -78,6 +79,7 @@ def create_app(
             admin.list_targets,
             admin.goodput,
             admin.tenant_quota,
+            webhooks.webhook_deliveries,
             usage_routes.admin_usage,
             usage_routes.tenant_usage,
             openapi.openapi_document,

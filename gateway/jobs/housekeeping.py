@@ -1,8 +1,9 @@
 """The runner's bookkeeping between claims, in this order: validate new batches (validating
 -> in_progress | failed), stop batches past their completion window, drop what stopping
 batches will not run, finalize every batch whose items all settled, and, when due, delete
-expired files and batches. Every step is a guarded transaction in the store, so replicas
-may run it at the same time: each change happens once."""
+expired files, batches and ended webhook deliveries. Every step is a guarded transaction
+in the store, so replicas may run it at the same time: each change happens once, and so
+does the webhook event the store queues with it (``policies.jobs.outbox``)."""
 
 from __future__ import annotations
 
@@ -68,5 +69,6 @@ async def settle(store: JobStore) -> int:
 
 async def sweep(store: JobStore) -> None:
     files, batches = await store.sweep()
-    if files or batches:
-        _log.info("batch.swept", files=files, batches=batches)
+    deliveries = await store.sweep_deliveries()
+    if files or batches or deliveries:
+        _log.info("batch.swept", files=files, batches=batches, webhook_deliveries=deliveries)

@@ -2,7 +2,7 @@
 own app, at low priority.
 
 One runner per gateway process, started by the app's lifespan (``open_jobs``) and stopped
-before the state drains. Three loops:
+before the state drains. Three loops and a sender:
 
 - **work**: (1) *yield*: no new claim while this gateway has more than
   ``yield_above_in_flight`` interactive requests in flight (all requests in flight minus
@@ -17,6 +17,8 @@ before the state drains. Three loops:
   settled), else every ``poll_interval_s`` (for other replicas' changes). Apart from the
   work loop, so a yielding runner still validates, expires and finalizes.
 - **heartbeat**: renews this runner's leases every third of ``lease_s``.
+- **webhooks** (``webhooks.WebhookSender``): sends the batch events the store queued
+  with each status change (``batch.webhooks``); woken when bookkeeping changed a status.
 
 An item's answer is final unless it is a 429 or a 503 (a quota, the queue, an upstream
 that rate-limits, no target right now): then the item goes back to pending and waits
@@ -25,9 +27,6 @@ completion window bounds how long. ``aclose`` stops claiming, lets running items
 for up to the drain timeout, cancels the rest and releases every item it still holds, so
 another runner (or this one after a restart) picks them up at once; a runner killed
 outright leaves its items to be re-claimed when their leases run out.
-
-Webhooks (batch.completed and friends) belong at the end of ``housekeeping.settle``,
-where a batch is finalized exactly once.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from litestar.types import ASGIApp
 from core.config_batch import BatchConfig
 from gateway.jobs import housekeeping
 from gateway.jobs.inprocess import Answer, call_app, internal_failure
+from gateway.jobs.webhooks import WebhookSender
 from gateway.process.state import GatewayState
 from gateway.request.batch import BatchCaller
 from policies.jobs import JobStore, jobs_path
@@ -71,23 +71,31 @@ class BatchRunner:
         self._slot = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._last_sweep = -float("inf")
+        self.webhooks = WebhookSender(
+            store, state.client, lambda: self.settings, state.env, self.owner
+        )
 
     @property
     def settings(self) -> BatchConfig:
         return self.state.runtime.config.batch
 
     def start(self) -> None:
+        self.store.webhooks = self.settings.webhooks
         loops = (self._work(), self._keep_books(), self._heartbeat())
         self._loops = [asyncio.create_task(loop) for loop in loops]
+        self.webhooks.start()
 
     def wake(self) -> None:
         """Something changed here (a batch created or cancelled): look now."""
         self._books.set()
         self._wake.set()
+        self.webhooks.wake()  # a cancel may have queued an event
 
     async def aclose(self, grace_s: float) -> None:
         """Stop claiming; give running items ``grace_s`` to finish; cancel the rest and
-        release every item still held."""
+        release every item still held. The webhook sender stops alongside (its queued
+        events stay in the store for the next start)."""
+        sender = asyncio.create_task(self.webhooks.aclose(grace_s))
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
@@ -99,6 +107,7 @@ class BatchRunner:
         released = await self.store.release(self.owner)
         if released:
             _log.info("batch.released", items=released)
+        await sender
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -117,6 +126,7 @@ class BatchRunner:
         await self._until_slot()
         settings = self.settings
         self.store.retention_s = settings.retention_s
+        self.store.webhooks = settings.webhooks
         free = settings.concurrency - len(self._tasks)
         claims = await self.store.claim(self.owner, free, settings.lease_s)
         for item in claims:
@@ -137,9 +147,12 @@ class BatchRunner:
             await _wait(self._books, self.settings.poll_interval_s)
 
     async def _bookkeeping(self) -> None:
+        self.store.webhooks = self.settings.webhooks
         if await housekeeping.validate(self.store, self.state.runtime):
             self._wake.set()  # a batch started: its items are claimable
-        await housekeeping.settle(self.store)
+            self.webhooks.wake()  # and batch.in_progress / batch.failed may be queued
+        if await housekeeping.settle(self.store):
+            self.webhooks.wake()  # each finalized batch queued its event
         now = self.state.clock.now()
         if now - self._last_sweep >= self.settings.sweep_interval_s:
             self._last_sweep = now

@@ -25,6 +25,7 @@ from gateway.dialects.anthropic_messages_wire import ErrorOut, MessageOut
 from gateway.dialects.responses import ResponsesBody
 from policies.goodput import Goodput
 from policies.jobs.objects import Batch, BatchCreate, BatchList, FileDeleted, FileList, FileObject
+from policies.jobs.outbox import DeliveryRecord
 
 OPENAPI_PATH = "/openapi.json"
 _JSON = "application/json"
@@ -87,6 +88,13 @@ class QuotaView(msgspec.Struct):
     tenant: str
     key_id: str | None
     limits: dict[str, Any]
+
+
+class WebhookDeliveryLog(msgspec.Struct):
+    """``GET /admin/webhook_deliveries``: batch webhook events, newest first."""
+
+    object: Literal["list"]
+    data: list[DeliveryRecord]
 
 
 class TokenCount(msgspec.Struct):
@@ -277,6 +285,21 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         params=(
             Param("tenant", "path", "A configured tenant."),
             Param("key_id", "query", "One of the tenant's keys (its own limits)."),
+        ),
+    ),
+    ("GET", "/admin/webhook_deliveries"): Operation(
+        "Batch webhooks' delivery log, newest first: state, attempts, last status or error",
+        "admin",
+        "admin",
+        {_JSON: WebhookDeliveryLog},
+        (400, 401, 403),
+        params=(
+            Param("batch_id", "query", "Only this batch's events."),
+            Param("tenant", "query", "Only this tenant's events."),
+            Param(
+                "state", "query", "Only events in this state.", ("pending", "delivered", "failed")
+            ),
+            Param("limit", "query", "At most this many, 1 to 1000 (default 100)."),
         ),
     ),
     ("GET", "/admin/usage"): Operation(

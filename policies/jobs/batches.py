@@ -7,18 +7,23 @@ validating -> failed (the input file is invalid or gone); in_progress -> cancell
 cancelled; validating -> cancelled (nothing ran); in_progress -> expired (the completion
 window passed: ``closing`` is set at once, the status follows when the running items
 settle). ``finalize.py`` writes the last three.
+
+Every change to a status OpenAI has a webhook event for (and ``in_progress``) queues the
+event in the same transaction (``outbox.enqueue``), for the webhooks given.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from core.config_batch import WebhookConfig
 from core.errors import InvalidRequestError
 from core.tenancy import Principal
+from policies.jobs import outbox
 from policies.jobs.errors import ConflictError, no_batch, no_file
 from policies.jobs.files import UnknownCursor
 from policies.jobs.jsonl import Request
@@ -174,11 +179,18 @@ def list_batches(
 
 
 def cancel_batch(
-    conn: sqlite3.Connection, tenant: str, batch_id: str, *, now: float, retention_s: float
+    conn: sqlite3.Connection,
+    tenant: str,
+    batch_id: str,
+    *,
+    now: float,
+    retention_s: float,
+    webhooks: Mapping[str, WebhookConfig] | None = None,
 ) -> Batch:
-    """Stop a batch: one still validating is cancelled at once; one in progress turns
-    ``cancelling`` (its pending items are dropped by the next finalize pass, its running
-    ones finish). Cancelling again is a no-op; a batch that ended is a 409."""
+    """Stop a batch: one still validating is cancelled at once (``batch.cancelled`` is
+    queued); one in progress turns ``cancelling`` (its pending items are dropped by the
+    next finalize pass, its running ones finish). Cancelling again is a no-op; a batch
+    that ended is a 409."""
     with write(conn):
         row = conn.execute(
             "SELECT status FROM batches WHERE tenant = ? AND id = ?", (tenant, batch_id)
@@ -191,6 +203,14 @@ def cancel_batch(
                 "UPDATE batches SET status = 'cancelled', cancelling_at = ?, cancelled_at = ?,"
                 " delete_at = ? WHERE id = ?",
                 (int(now), int(now), now + retention_s, batch_id),
+            )
+            outbox.enqueue(
+                conn,
+                webhooks,
+                tenant=tenant,
+                batch_id=batch_id,
+                event="batch.cancelled",
+                at=now,
             )
         elif status == "in_progress":
             conn.execute(
@@ -225,10 +245,15 @@ def validating(conn: sqlite3.Connection, limit: int) -> list[Pending]:
 
 
 def start_batch(
-    conn: sqlite3.Connection, pending: Pending, requests: Sequence[Request], now: float
+    conn: sqlite3.Connection,
+    pending: Pending,
+    requests: Sequence[Request],
+    now: float,
+    webhooks: Mapping[str, WebhookConfig] | None = None,
 ) -> bool:
-    """validating -> in_progress with one pending item per request, in one transaction;
-    False when the batch is no longer validating (cancelled, or another runner won)."""
+    """validating -> in_progress with one pending item per request (and
+    ``batch.in_progress`` queued), in one transaction; False when the batch is no longer
+    validating (cancelled, or another runner won)."""
     with write(conn):
         cursor = conn.execute(
             "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?"
@@ -242,6 +267,14 @@ def start_batch(
             " VALUES (?, ?, ?, ?, ?, 'pending')",
             [(pending.id, r.line, pending.tenant, r.custom_id, r.body) for r in requests],
         )
+        outbox.enqueue(
+            conn,
+            webhooks,
+            tenant=pending.tenant,
+            batch_id=pending.id,
+            event="batch.in_progress",
+            at=now,
+        )
     return True
 
 
@@ -252,32 +285,53 @@ def fail_batch(
     *,
     now: float,
     retention_s: float,
+    webhooks: Mapping[str, WebhookConfig] | None = None,
 ) -> bool:
-    """validating -> failed with ``errors``; False when it was no longer validating."""
+    """validating -> failed with ``errors`` (and ``batch.failed`` queued); False when it
+    was no longer validating."""
     payload = _encode(BatchErrors(data=list(errors)))
     with write(conn):
-        cursor = conn.execute(
+        rows = conn.execute(  # fetchall: a RETURNING statement must run to its end
             "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, delete_at = ?"
-            " WHERE id = ? AND status = 'validating'",
+            " WHERE id = ? AND status = 'validating' RETURNING tenant",
             (int(now), payload, now + retention_s, batch_id),
-        )
-        return cursor.rowcount == 1
+        ).fetchall()
+        for (tenant,) in rows:
+            outbox.enqueue(
+                conn, webhooks, tenant=tenant, batch_id=batch_id, event="batch.failed", at=now
+            )
+    return bool(rows)
 
 
-def expire_due(conn: sqlite3.Connection, *, now: float, retention_s: float) -> int:
-    """Batches past their completion window: one still validating expires at once; one
-    in progress stops taking work (``closing``) and expires when its running items settle.
-    Returns how many were touched."""
+def expire_due(
+    conn: sqlite3.Connection,
+    *,
+    now: float,
+    retention_s: float,
+    webhooks: Mapping[str, WebhookConfig] | None = None,
+) -> int:
+    """Batches past their completion window: one still validating expires at once
+    (``batch.expired`` queued); one in progress stops taking work (``closing``) and expires
+    when its running items settle. Returns how many were touched."""
     with write(conn):
-        done = conn.execute(
+        expired = conn.execute(
             "UPDATE batches SET status = 'expired', expired_at = ?, delete_at = ?"
-            " WHERE status = 'validating' AND expires_at <= ?",
+            " WHERE status = 'validating' AND expires_at <= ? RETURNING id, tenant",
             (int(now), now + retention_s, now),
-        ).rowcount
+        ).fetchall()
+        for batch_id, tenant in expired:
+            outbox.enqueue(
+                conn,
+                webhooks,
+                tenant=tenant,
+                batch_id=batch_id,
+                event="batch.expired",
+                at=now,
+            )
         closing = conn.execute(
             "UPDATE batches SET closing = 'expired'"
             " WHERE status = 'in_progress' AND closing IS NULL AND expires_at <= ?"
             " AND completed + failed < total",
             (now,),
         ).rowcount
-    return int(done + closing)
+    return int(len(expired) + closing)

@@ -4,7 +4,8 @@ files, set the final status; and the retention sweep.
 ``finalize`` is one transaction: it checks that every item is done or failed, writes the
 output file (the ``done`` items' lines, in input order) and the error file (the
 ``failed`` ones'), sets the final status with ``finalizing_at`` and the end time, and
-deletes the items. So a crash never leaves a half-written batch, a second replica that
+deletes the items, and queues the batch's webhook event (``outbox``). So a crash never
+leaves a half-written batch or a lost event, a second replica that
 races for the same batch finds it already final and does nothing, and a result is never
 in two places. (``finalizing`` is therefore never seen from outside on this store: the
 files are written inside the transaction that would have left it.)
@@ -13,8 +14,11 @@ files are written inside the transaction that would have left it.)
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from typing import Literal
 
+from core.config_batch import WebhookConfig
+from policies.jobs import outbox
 from policies.jobs.files import insert_file
 from policies.jobs.objects import OUTPUT_PURPOSE, dropped_line
 from policies.jobs.schema import write
@@ -68,9 +72,16 @@ def settled(conn: sqlite3.Connection) -> list[str]:
     return [row[0] for row in rows]
 
 
-def finalize(conn: sqlite3.Connection, batch_id: str, *, now: float, retention_s: float) -> bool:
-    """Write the batch's files and final status; False when it is not ready (or another
-    replica finalized it first)."""
+def finalize(
+    conn: sqlite3.Connection,
+    batch_id: str,
+    *,
+    now: float,
+    retention_s: float,
+    webhooks: Mapping[str, WebhookConfig] | None = None,
+) -> bool:
+    """Write the batch's files and final status and queue ``batch.<status>``; False when
+    it is not ready (or another replica finalized it first)."""
     with write(conn):
         row = conn.execute(
             "SELECT tenant, closing, output_expires_s FROM batches WHERE id = ?"
@@ -115,6 +126,9 @@ def finalize(conn: sqlite3.Connection, batch_id: str, *, now: float, retention_s
             ),
         )
         conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
+        outbox.enqueue(
+            conn, webhooks, tenant=tenant, batch_id=batch_id, event=f"batch.{status}", at=now
+        )
     return True
 
 

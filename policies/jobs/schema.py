@@ -1,6 +1,6 @@
 """The job store's SQLite file: tables, indexes, connections, transactions.
 
-Three tables, every row carrying its tenant:
+Four tables, every row carrying its tenant:
 
 - ``files``: uploads and output/error files, the bytes as a BLOB. ``seq`` orders lists.
 - ``batches``: one row per batch: the caller (tenant, key id, how it authenticated), the
@@ -12,6 +12,9 @@ Three tables, every row carrying its tenant:
   ``owner`` and ``lease_until`` while running (for a pending item, ``lease_until`` is
   the time before which it may not be claimed: a retry's back-off), ``result`` the
   output or error line. Items are deleted when their batch's files are written.
+- ``webhook_deliveries``: the webhook outbox (``outbox``): one row per event to deliver,
+  inserted in the transaction that changes the batch's status; ``state`` pending ->
+  delivered | failed, ``owner`` and ``lease_until`` while a sender holds it.
 
 Durability as in the ledger: WAL, ``synchronous=FULL`` (a COMMIT is on disk), and every
 write in ``BEGIN IMMEDIATE`` so a second process waits (``busy_timeout``) instead of failing
@@ -78,6 +81,25 @@ _TABLES = (
         attempts INTEGER NOT NULL DEFAULT 0,
         result BLOB,
         PRIMARY KEY (batch_id, line))""",
+    """CREATE TABLE IF NOT EXISTS webhook_deliveries (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        tenant TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        batch_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL NOT NULL,
+        owner TEXT,
+        lease_until REAL,
+        url TEXT,
+        last_status INTEGER,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        delivered_at REAL)""",
 )
 _INDEXES = (
     "CREATE INDEX IF NOT EXISTS files_tenant ON files (tenant, seq)",
@@ -88,6 +110,12 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS items_open ON items (batch_id, line)"
     " WHERE state IN ('pending', 'running')",
     "CREATE INDEX IF NOT EXISTS items_owner ON items (owner) WHERE owner IS NOT NULL",
+    # what the webhook sender scans: the events still to deliver, soonest first
+    "CREATE INDEX IF NOT EXISTS deliveries_due ON webhook_deliveries (next_attempt_at)"
+    " WHERE state = 'pending'",
+    "CREATE INDEX IF NOT EXISTS deliveries_batch ON webhook_deliveries (batch_id, seq)",
+    "CREATE INDEX IF NOT EXISTS deliveries_ended ON webhook_deliveries (updated_at)"
+    " WHERE state != 'pending'",
 )
 
 

@@ -6,23 +6,25 @@ own transaction. Times come from the injected clock's ``wall()``: leases are com
 across processes, so they must be Unix time, not one process's monotonic clock.
 
 Caller-facing methods take the ``Principal`` and scope every query to its tenant
-(``batches.tenant_key``); the runner's methods work across tenants. ``retention_s`` is
-read at each call, so the runner can keep it current with the config.
+(``batches.tenant_key``); the runner's methods work across tenants. ``retention_s`` and
+``webhooks`` (``batch.webhooks``: which events to queue in the outbox, and for whom) are
+read at each call, so the runner can keep them current with the config.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from core.clock import Clock
+from core.config_batch import WebhookConfig
 from core.tenancy import Principal
-from policies.jobs import batches, files, finalize, work
+from policies.jobs import batches, files, finalize, outbox, work
 from policies.jobs.batches import Pending, tenant_key
 from policies.jobs.jsonl import Request
 from policies.jobs.objects import (
@@ -33,6 +35,7 @@ from policies.jobs.objects import (
     FileList,
     FileObject,
 )
+from policies.jobs.outbox import Delivery, DeliveryRecord
 from policies.jobs.schema import connect
 from policies.jobs.work import Claim
 
@@ -46,6 +49,7 @@ class JobStore:
         self.path = path
         self.clock = clock
         self.retention_s = retention_s
+        self.webhooks: Mapping[str, WebhookConfig] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-store")
         self._conn: sqlite3.Connection | None = None
 
@@ -149,6 +153,7 @@ class JobStore:
             batch_id,
             now=self.clock.wall(),
             retention_s=self.retention_s,
+            webhooks=self.webhooks,
         )
 
     # -- the runner's side (every tenant) -------------------------------------------------
@@ -163,7 +168,8 @@ class JobStore:
         return None if found is None else found[1]
 
     async def start(self, pending: Pending, requests: Sequence[Request]) -> bool:
-        return await self._call(batches.start_batch, pending, requests, self.clock.wall())
+        now = self.clock.wall()
+        return await self._call(batches.start_batch, pending, requests, now, self.webhooks)
 
     async def fail(self, batch_id: str, errors: Sequence[BatchError]) -> bool:
         return await self._call(
@@ -172,11 +178,14 @@ class JobStore:
             errors,
             now=self.clock.wall(),
             retention_s=self.retention_s,
+            webhooks=self.webhooks,
         )
 
     async def expire_due(self) -> int:
         now = self.clock.wall()
-        return await self._call(batches.expire_due, now=now, retention_s=self.retention_s)
+        return await self._call(
+            batches.expire_due, now=now, retention_s=self.retention_s, webhooks=self.webhooks
+        )
 
     async def claim(self, owner: str, n: int, lease_s: float) -> list[Claim]:
         return await self._call(work.claim, owner, n, now=self.clock.wall(), lease_s=lease_s)
@@ -204,7 +213,70 @@ class JobStore:
 
     async def finalize(self, batch_id: str) -> bool:
         now = self.clock.wall()
-        return await self._call(finalize.finalize, batch_id, now=now, retention_s=self.retention_s)
+        return await self._call(
+            finalize.finalize,
+            batch_id,
+            now=now,
+            retention_s=self.retention_s,
+            webhooks=self.webhooks,
+        )
 
     async def sweep(self) -> tuple[int, int]:
         return await self._call(finalize.sweep, now=self.clock.wall())
+
+    # -- the webhook outbox (every tenant) ------------------------------------------------
+
+    async def claim_deliveries(self, owner: str, n: int, lease_s: float) -> list[Delivery]:
+        return await self._call(outbox.claim, owner, n, now=self.clock.wall(), lease_s=lease_s)
+
+    async def next_delivery_at(self) -> float | None:
+        """Unix time the soonest pending event may be sent (None: nothing pending)."""
+        return await self._call(outbox.next_due)
+
+    async def delivered(self, owner: str, event_id: str, *, url: str, status: int) -> bool:
+        now = self.clock.wall()
+        return await self._call(outbox.delivered, owner, event_id, now=now, url=url, status=status)
+
+    async def delivery_failed(
+        self,
+        owner: str,
+        event_id: str,
+        *,
+        url: str | None,
+        status: int | None,
+        error: str,
+        retry_in_s: float | None,
+    ) -> bool:
+        """One failed attempt: due again ``retry_in_s`` from now, or failed for good."""
+        now = self.clock.wall()
+        retry_at = None if retry_in_s is None else now + retry_in_s
+        return await self._call(
+            outbox.attempt_failed,
+            owner,
+            event_id,
+            now=now,
+            url=url,
+            status=status,
+            error=error,
+            retry_at=retry_at,
+        )
+
+    async def release_deliveries(self, owner: str) -> int:
+        return await self._call(outbox.release, owner)
+
+    async def deliveries(
+        self,
+        *,
+        batch_id: str | None = None,
+        tenant: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+    ) -> list[DeliveryRecord]:
+        """The delivery log, newest first (``tenant``: the store's key, ``""`` for none)."""
+        return await self._call(
+            outbox.log, batch_id=batch_id, tenant=tenant, state=state, limit=limit
+        )
+
+    async def sweep_deliveries(self) -> int:
+        """Delete delivered and failed events ``retention_s`` after their last attempt."""
+        return await self._call(outbox.sweep, before=self.clock.wall() - self.retention_s)

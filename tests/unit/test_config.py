@@ -120,3 +120,12 @@ def test_strategy_errors_show_the_accepted_forms(strategy):
     (error,) = raised.value.errors
     assert error.startswith("models.a.strategy")
     assert "`strategy: slo`" in error and "round_robin" in error
+
+
+def test_webhooks_must_name_a_tenant_or_the_fallback():
+    hook = '{url: "https://hooks.example/batch", secret_env: HOOK_SECRET}'
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"batch: {{webhooks: {{nobody: {hook}}}}}")
+    assert info.value.errors == ["batch.webhooks.nobody: unknown tenant (a tenant's name, or '*')"]
+    fallback = parse_config(f"batch: {{webhooks: {{'*': {hook}}}}}")
+    assert set(fallback.batch.webhooks) == {"*"}
