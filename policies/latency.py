@@ -146,6 +146,33 @@ def _spread(fit: _Fit) -> float | None:
     return math.sqrt(fit.err2) if fit.err_weight > 0 else None
 
 
+# What a target's spread is believed to be before its own errors say (log TTFT spread of a
+# typical API, 0.3-0.6), and how many checked samples that belief counts as. A target
+# measured once or twice had no spread (its tail was its mean) or a tiny one (two close
+# samples), so a cheap target lucky twice at start-up looked certain to meet 3 s and
+# missed; end to end, most of the misses left came from the first ten seconds.
+PRIOR_SPREAD = 0.5
+PRIOR_SAMPLES = 3.0
+
+
+def routing_spread(spread: float | None, checked: float) -> float:
+    """The spread routing uses: the measured one (None: not checked yet) pooled with the
+    prior as ``PRIOR_SAMPLES`` more samples, over ``checked`` samples' worth of errors."""
+    measured = (spread or 0.0) ** 2 * checked
+    return math.sqrt((measured + PRIOR_SPREAD**2 * PRIOR_SAMPLES) / (checked + PRIOR_SAMPLES))
+
+
+def _checked(fit: _Fit, alpha: float) -> float:
+    """How many samples' errors ``fit``'s spread stands on: n while the decayed weight
+    warms up (1 - (1 - alpha)^n), then the exponential average's effective count."""
+    effective = (2 - alpha) / alpha
+    if fit.err_weight <= 0:
+        return 0.0
+    if alpha >= 1 or fit.err_weight >= 1:
+        return effective
+    return min(effective, math.log(1 - fit.err_weight) / math.log(1 - alpha))
+
+
 class LatencyStats:
     """EWMAs of TTFT and TPOT, TTFT models at two speeds and a load curve per target label
     (see the module docstring). Implements ``AttemptObserver``: a successful attempt's
@@ -288,12 +315,14 @@ class LatencyStats:
                 ttft_floor_s=floor,
                 ttft_penalty_from_tokens=from_tokens,
             )
+        fit = self._fits.get(label)
+        checked = _checked(fit, self.alpha) if fit is not None else 0.0
         return TargetHealth(
             ttft_s=ttft,
             tpot_s=tpot,
             ttft_base_s=model.base_s,
             ttft_per_token_s=model.per_token_s,
-            ttft_spread=model.spread,
+            ttft_spread=routing_spread(model.spread, checked),
             in_flight=in_flight,
             ttft_load_factor=factor,
             ttft_age_s=self.sample_age(label),

@@ -8,7 +8,11 @@ With them, each planned target but the last gets a ``Deadline``:
 - ``by_s``, counted from the request's start: ``objective - tail(next target) - 50 ms``,
   the latest moment that still leaves the next target its p99 TTFT prediction
   (``predict.ttft_tail_s``) and the switch to meet the objective. An unmeasured next
-  target reserves nothing.
+  target reserves what the first measured target after it needs (it may not answer
+  either: cold, the cheap targets are tried first and the measured one is the rescue);
+  with none measured, nothing is reserved. (It reserved nothing before: at start-up an
+  unmeasured `budget` before an unmeasured `mid` was then waited on until the objective
+  had passed, and those were a third of one run's misses.)
 - ``patience_s``, counted from the attempt's own start: the later of the target's p90
   TTFT prediction and 1.5 x its mean one (at least ``MIN_PATIENCE_S``). The attempt is
   never cut before it: a healthy target is rarely given up on (each cut throws away a
@@ -44,7 +48,6 @@ snapshot only.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import msgspec
@@ -130,15 +133,26 @@ def first_token_deadlines(
         return {}
     objective = req.slo_ttft_ms / 1000.0
     deadlines: dict[str, Deadline] = {}
-    for current, following in itertools.pairwise(ordered):
+    for place, current in enumerate(ordered[:-1]):
         now = health.health(current.label)
-        reserve = ttft_tail_s(req, health.health(following.label), z)
+        reserve = _first_reserve(req, ordered[place + 1 :], health, z)
         slack = objective - (SWITCH_S + reserve if reserve is not None else 0.0)
         if slack < MIN_SHARE * objective:  # the next one cannot save the objective
             deadlines[current.label] = Deadline(0.0, hang_patience_s(req, now, objective))
         else:
             deadlines[current.label] = Deadline(slack, patience_s(req, now))
     return deadlines
+
+
+def _first_reserve(
+    req: RouteRequest, later: Sequence[Target], health: HealthView, z: float
+) -> float | None:
+    """The ``z`` tail of the first measured target in ``later`` (None: none is)."""
+    for target in later:
+        reserve = ttft_tail_s(req, health.health(target.label), z)
+        if reserve is not None:
+            return reserve
+    return None
 
 
 def hedged_first(

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from core.clock import FakeClock
 from core.routing import TargetHealth
-from policies.latency import DEFAULT_MAX_AGE_S, LatencyStats, TtftModel
+from policies.latency import (
+    DEFAULT_MAX_AGE_S,
+    PRIOR_SPREAD,
+    LatencyStats,
+    TtftModel,
+    routing_spread,
+)
 
 
 def test_first_sample_is_taken_as_is_then_ewma():
@@ -149,9 +155,33 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
         tpot_s=0.02,
         ttft_base_s=0.4,
         ttft_per_token_s=0.0,
-        ttft_spread=None,
+        ttft_spread=PRIOR_SPREAD,  # no error checked yet: the prior alone
         ttft_age_s=0.0,
     )
+
+
+@pytest.mark.parametrize(
+    ("spread", "checked", "expected"),
+    [
+        (None, 0.0, PRIOR_SPREAD),  # nothing checked: the prior
+        (0.0, 3.0, PRIOR_SPREAD / math.sqrt(2)),  # three perfect samples halve its weight
+        (0.4, 1e9, 0.4),  # many samples: the measured spread
+    ],
+)
+def test_routing_spread_pools_the_measured_spread_with_the_prior(spread, checked, expected):
+    assert routing_spread(spread, checked) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_target_measured_twice_alike_is_not_taken_for_certain():
+    """Two equal samples measure no spread; routing still sees most of the prior's."""
+    stats = LatencyStats(FakeClock(), alpha=0.1, prior_tokens=0)
+    for _ in range(2):
+        stats.observe_ttft("a", 1.0, prompt_tokens=100)
+    assert stats.ttft_model("a").spread == 0.0
+    assert stats.health("a").ttft_spread == pytest.approx(
+        routing_spread(0.0, 1.0)  # one checked error (the first sample had none)
+    )
+    assert stats.health("a").ttft_spread > 0.4
 
 
 def test_ttft_model_is_forgotten_after_the_default_max_ages():

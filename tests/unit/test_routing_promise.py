@@ -293,7 +293,10 @@ def test_no_objective_no_deadlines_unmeasured_gets_the_slack_else_hang_patience(
     assert got["a/m"] == Deadline(pytest.approx(0.45))  # unmeasured: the slack b leaves
     assert got["b/m"] == Deadline(0.0, pytest.approx(0.9))  # c cannot save it: 3 x 0.3
     unknown_next = first_token_deadlines(one, [tgt("a"), tgt("x")], health)
-    assert unknown_next == {"a/m": Deadline(0.8)}  # nothing reserved for x
+    assert unknown_next == {"a/m": Deadline(0.8)}  # nothing measured after a: no reserve
+    # x unmeasured, b measured after it: a leaves b its time (b is the likely rescue)
+    rescued = first_token_deadlines(one, [tgt("a"), tgt("x"), tgt("b")], health, z=0.0)
+    assert rescued["a/m"] == Deadline(pytest.approx(0.8 - 0.3 - 0.05))
 
 
 # ---------------------------------------------------------------- SLO strategy

@@ -219,9 +219,10 @@ def test_slo_strategy_moves_off_a_target_measured_too_slow() -> None:
     assert set(served[1:]) == {"v/fast"}  # once measured at >= 1 s, avoided (probes are cut)
     probes = [o for o in outcomes if o.failed_attempts]
     # Later tries are exploration (estimate >= 10 s old, 5% of requests), cut in time for
-    # the fast target to answer by the objective (noise-free here: exactly by it).
+    # the fast target to answer by the objective (its reserve includes the prior spread:
+    # a little before it, noise-free as it is).
     assert 1 < len(probes) < 10
-    assert all(o.ttft_s == pytest.approx(1.0) for o in probes[1:])
+    assert all(0.8 <= o.ttft_s <= 1.0 + 1e-9 for o in probes[1:])
 
 
 def test_slo_strategy_sends_long_prompts_where_they_meet_the_objective() -> None:
