@@ -17,20 +17,14 @@ from a fixed set of error names.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, generate_latest
 
 from core.config import Config
 from core.errors import GatewayError
 from gateway.process.reload import Reloader
 from gateway.process.state import GatewayState
+from gateway.telemetry.families import Families
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.series import (
     ATTEMPT_BUCKETS,
@@ -51,202 +45,121 @@ from routers.trace import Attempt
 NONE = ""  # label value for "not applicable" (no tenant, no target)
 
 
-class Cached:
-    """A labelled metric whose children are found in a plain dict. prometheus_client's
-    own ``labels()`` validates and takes a lock on every call (about 3.5 µs, most of a
-    request's metrics cost); the children are the same objects, and as many."""
-
-    __slots__ = ("_children", "_metric")
-
-    def __init__(self, metric: Counter | Histogram) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._metric.labels(*values)
-        return child
-
-
 class GatewayMetrics:
     """One registry per app (tests build several apps in one process)."""
 
     def __init__(self) -> None:
-        # No ``*_created`` companion per series: it doubles the series count and nothing
-        # reads it (a process-wide prometheus_client setting).
-        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self.tenants = TenantLabels()
-        r = self.registry
-        self.requests = Cached(
-            Counter(
-                "switchyard_requests",
-                "Requests answered, by endpoint, alias, serving provider and target, status class.",
-                ["endpoint", "model", "provider", "target", "status_class", "tenant"],
-                registry=r,
-            )
+        families = Families(self.registry)
+        self.requests = families.counter(
+            "switchyard_requests",
+            "Requests answered, by endpoint, alias, serving provider and target, status class.",
+            ["endpoint", "model", "provider", "target", "status_class", "tenant"],
         )
-        self.errors = Cached(
-            Counter(
-                "switchyard_request_errors",
-                "Requests that ended in an error, by the error's code (or class).",
-                ["endpoint", "model", "error"],
-                registry=r,
-            )
+        self.errors = families.counter(
+            "switchyard_request_errors",
+            "Requests that ended in an error, by the error's code (or class).",
+            ["endpoint", "model", "error"],
         )
-        self.duration = Cached(
-            Histogram(
-                "gen_ai_server_request_duration_seconds",
-                "End-to-end request duration at the gateway (a stream: until its last event).",
-                ["gen_ai_operation_name", "gen_ai_request_model", "stream"],
-                buckets=DURATION_BUCKETS,
-                registry=r,
-            )
+        self.duration = families.histogram(
+            "gen_ai_server_request_duration_seconds",
+            "End-to-end request duration at the gateway (a stream: until its last event).",
+            ["gen_ai_operation_name", "gen_ai_request_model", "stream"],
+            DURATION_BUCKETS,
         )
-        self.ttft = Cached(
-            Histogram(
-                "gen_ai_server_time_to_first_token_seconds",
-                "Time from a streamed request's arrival to its first chunk sent to the client.",
-                ["gen_ai_request_model", "gen_ai_provider_name", "target"],
-                buckets=TTFT_BUCKETS,
-                registry=r,
-            )
+        self.ttft = families.histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from a streamed request's arrival to its first chunk sent to the client.",
+            ["gen_ai_request_model", "gen_ai_provider_name", "target"],
+            TTFT_BUCKETS,
         )
-        self.tpot = Cached(
-            Histogram(
-                "gen_ai_server_time_per_output_token_seconds",
-                "A streamed request's decode time over its output tokens after the first.",
-                ["gen_ai_request_model", "target"],
-                buckets=TPOT_BUCKETS,
-                registry=r,
-            )
+        self.tpot = families.histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "A streamed request's decode time over its output tokens after the first.",
+            ["gen_ai_request_model", "target"],
+            TPOT_BUCKETS,
         )
-        self.queue_wait = Cached(
-            Histogram(
-                "switchyard_queue_wait_seconds",
-                "Time a request waited in the admission queue (only requests that waited).",
-                ["model"],
-                buckets=QUEUE_BUCKETS,
-                registry=r,
-            )
+        self.queue_wait = families.histogram(
+            "switchyard_queue_wait_seconds",
+            "Time a request waited in the admission queue (only requests that waited).",
+            ["model"],
+            QUEUE_BUCKETS,
         )
-        self.attempt = Cached(
-            Histogram(
-                "gen_ai_client_operation_duration_seconds",
-                "One call to an upstream: to its whole answer, or to a stream's first chunk.",
-                ["gen_ai_provider_name", "gen_ai_request_model", "target", "error_type"],
-                buckets=ATTEMPT_BUCKETS,
-                registry=r,
-            )
+        self.attempt = families.histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "One call to an upstream: to its whole answer, or to a stream's first chunk.",
+            ["gen_ai_provider_name", "gen_ai_request_model", "target", "error_type"],
+            ATTEMPT_BUCKETS,
         )
-        self.overhead = Cached(
-            Histogram(
-                "switchyard_gateway_overhead_seconds",
-                "The gateway's own time in a successful request: until the answer (a stream: its "
-                "first chunk) minus queue wait and the upstream calls.",
-                ["endpoint"],
-                buckets=OVERHEAD_BUCKETS,
-                registry=r,
-            )
+        self.overhead = families.histogram(
+            "switchyard_gateway_overhead_seconds",
+            "The gateway's own time in a successful request: until the answer (a stream: its "
+            "first chunk) minus queue wait and the upstream calls.",
+            ["endpoint"],
+            OVERHEAD_BUCKETS,
         )
-        self.token_usage = Cached(
-            Histogram(
-                "gen_ai_client_token_usage",
-                "Tokens per request as the serving upstream reported them.",
-                ["gen_ai_provider_name", "gen_ai_request_model", "gen_ai_token_type"],
-                buckets=TOKEN_BUCKETS,
-                registry=r,
-            )
+        self.token_usage = families.histogram(
+            "gen_ai_client_token_usage",
+            "Tokens per request as the serving upstream reported them.",
+            ["gen_ai_provider_name", "gen_ai_request_model", "gen_ai_token_type"],
+            TOKEN_BUCKETS,
         )
-        self.tokens = Cached(
-            Counter(
-                "switchyard_tokens",
-                "Tokens billed, by tenant, alias, target and type (prompt, completion, cached, "
-                "reasoning; cached is within prompt, reasoning within completion).",
-                ["tenant", "model", "target", "type"],
-                registry=r,
-            )
+        self.tokens = families.counter(
+            "switchyard_tokens",
+            "Tokens billed, by tenant, alias, target and type (prompt, completion, cached, "
+            "reasoning; cached is within prompt, reasoning within completion).",
+            ["tenant", "model", "target", "type"],
         )
-        self.cost = Cached(
-            Counter(
-                "switchyard_cost_usd",
-                "Cost in USD at the serving target's price, as billed to the tenant.",
-                ["tenant", "model", "target"],
-                registry=r,
-            )
+        self.cost = families.counter(
+            "switchyard_cost_usd",
+            "Cost in USD at the serving target's price, as billed to the tenant.",
+            ["tenant", "model", "target"],
         )
-        self.hedge_cost = Cached(
-            Counter(
-                "switchyard_hedge_cost_usd",
-                "What hedge races' losers likely cost (their prompt; the operator's, not billed).",
-                ["model", "target"],
-                registry=r,
-            )
+        self.hedge_cost = families.counter(
+            "switchyard_hedge_cost_usd",
+            "What hedge races' losers likely cost (their prompt; the operator's, not billed).",
+            ["model", "target"],
         )
-        self.fallbacks = Cached(
-            Counter(
-                "switchyard_fallbacks",
-                "Targets given up on for the next one, by the error that made the gateway move.",
-                ["model", "from_target", "reason"],
-                registry=r,
-            )
+        self.fallbacks = families.counter(
+            "switchyard_fallbacks",
+            "Targets given up on for the next one, by the error that made the gateway move.",
+            ["model", "from_target", "reason"],
         )
-        self.retries = Cached(
-            Counter(
-                "switchyard_retries",
-                "Repeated calls to the same target, by the error that was retried.",
-                ["target", "reason"],
-                registry=r,
-            )
+        self.retries = families.counter(
+            "switchyard_retries",
+            "Repeated calls to the same target, by the error that was retried.",
+            ["target", "reason"],
         )
-        self.hedges = Cached(
-            Counter(
-                "switchyard_hedges",
-                "Hedge races, by the racer that served (first or second target).",
-                ["model", "winner"],
-                registry=r,
-            )
+        self.hedges = families.counter(
+            "switchyard_hedges",
+            "Hedge races, by the racer that served (first or second target).",
+            ["model", "winner"],
         )
-        self.cache_hits = Cached(
-            Counter(
-                "switchyard_response_cache_hits",
-                "Requests answered from the response cache.",
-                ["model", "tenant"],
-                registry=r,
-            )
+        self.cache_hits = families.counter(
+            "switchyard_response_cache_hits",
+            "Requests answered from the response cache.",
+            ["model", "tenant"],
         )
-        self.prompt_cache_hits = Cached(
-            Counter(
-                "switchyard_prompt_cache_hits",
-                "Requests whose upstream reported cached prompt tokens.",
-                ["target"],
-                registry=r,
-            )
+        self.prompt_cache_hits = families.counter(
+            "switchyard_prompt_cache_hits",
+            "Requests whose upstream reported cached prompt tokens.",
+            ["target"],
         )
-        self.quota_rejections = Cached(
-            Counter(
-                "switchyard_quota_rejections",
-                "Requests refused by a quota, by the limits that did not fit (or store_down).",
-                ["tenant", "limit"],
-                registry=r,
-            )
+        self.quota_rejections = families.counter(
+            "switchyard_quota_rejections",
+            "Requests refused by a quota, by the limits that did not fit (or store_down).",
+            ["tenant", "limit"],
         )
-        self.queue_rejections = Cached(
-            Counter(
-                "switchyard_queue_rejections",
-                "Requests the admission queue refused (full) or gave up on (deadline).",
-                ["reason"],
-                registry=r,
-            )
+        self.queue_rejections = families.counter(
+            "switchyard_queue_rejections",
+            "Requests the admission queue refused (full) or gave up on (deadline).",
+            ["reason"],
         )
-        self.goodput = Cached(
-            Counter(
-                "switchyard_goodput_requests",
-                "Routed requests by whether they met their TTFT objective (met, missed, none).",
-                ["model", "slo"],
-                registry=r,
-            )
+        self.goodput = families.counter(
+            "switchyard_goodput_requests",
+            "Routed requests by whether they met their TTFT objective (met, missed, none).",
+            ["model", "slo"],
         )
 
     def watch(
