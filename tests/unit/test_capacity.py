@@ -118,6 +118,9 @@ def monitor_for(
 ) -> CapacityMonitor:
     slots = kw.pop("slots", None)
     saturation = kw.pop("saturation", SaturationConfig())
+    # The fake /metrics server is a thread of this process: on a loaded 2-core machine it
+    # was once starved past the product's 0.5 s poll timeout and a poll read as failed.
+    kw.setdefault("poll_timeout_s", 5.0)
     spec = ReplicaSpec(f"{url}/metrics", saturation, slots)
     return CapacityMonitor({"w": spec}, client, clock, **kw)
 
