@@ -219,6 +219,20 @@ def write_config(workdir: Path, up_port: int, extra: str = "") -> Path:
 METRICS_OFF = "observability: {metrics: {enabled: false}}\n"
 
 
+def wrk_cpu_ms(
+    worker: psutil.Process,
+    port: int,
+    seconds: int,
+    path: str = "/v1/chat/completions",
+    body: bytes = BODY,
+) -> tuple[float, float]:
+    """wrk for ``seconds`` after a short warm-up: (requests/s, gateway CPU ms per request)."""
+    run_wrk(port, path, 2, body)  # warm-up
+    cpu0 = cpu_seconds(worker)
+    rps, done = run_wrk(port, path, seconds, body)
+    return rps, (cpu_seconds(worker) - cpu0) / done * 1000
+
+
 def metrics_ab(up_port: int, args: argparse.Namespace, workdir: Path) -> None:
     """Gateway CPU per plain request with metrics off and on (uvicorn, wrk, one core),
     alternating ``--metrics-ab`` times; prints the minimum of each (the least disturbed)."""
@@ -230,11 +244,7 @@ def metrics_ab(up_port: int, args: argparse.Namespace, workdir: Path) -> None:
             proc = start_gateway("uvicorn", config, port, workdir / f"ab-{name}.log")
             try:
                 wait_http(f"http://127.0.0.1:{port}/healthz")
-                worker = gateway_process(proc)
-                run_wrk(port, "/v1/chat/completions", 2)  # warm-up
-                cpu0 = cpu_seconds(worker)
-                _, done = run_wrk(port, "/v1/chat/completions", args.seconds)
-                per = (cpu_seconds(worker) - cpu0) / done * 1000
+                _, per = wrk_cpu_ms(gateway_process(proc), port, args.seconds)
             finally:
                 proc.terminate()
                 proc.wait(10)
@@ -254,10 +264,7 @@ def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) 
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz")
         worker = gateway_process(proc)
-        run_wrk(port, "/v1/chat/completions", 2)  # warm-up
-        cpu0 = cpu_seconds(worker)
-        rps, done = run_wrk(port, "/v1/chat/completions", args.seconds)
-        cpu_ms = (cpu_seconds(worker) - cpu0) / done * 1000
+        rps, cpu_ms = wrk_cpu_ms(worker, port, args.seconds)
         plain = asyncio.run(fixed_rate(port, "/v1/chat/completions", BODY, args.rate, args.seconds))
         streams = asyncio.run(
             fixed_rate(port, "/v1/chat/completions", STREAM_BODY, args.rate / 3, args.seconds / 2)
@@ -266,10 +273,7 @@ def measure(server: str, up_port: int, args: argparse.Namespace, workdir: Path) 
         per_dialect = {}
         for name in args.dialects.split(","):
             path, body = DIALECTS[name]
-            run_wrk(port, path, 1, body)  # warm-up
-            cpu0 = cpu_seconds(worker)
-            dialect_rps, dialect_done = run_wrk(port, path, args.seconds, body)
-            per_dialect[name] = (cpu_seconds(worker) - cpu0) / dialect_done * 1000
+            dialect_rps, per_dialect[name] = wrk_cpu_ms(worker, port, args.seconds, path, body)
             per_dialect[name + "_rps"] = dialect_rps
     finally:
         proc.terminate()

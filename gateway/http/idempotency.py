@@ -51,6 +51,7 @@ from litestar.types import Scope as ASGIScope
 
 from core.config_idempotency import IdempotencyConfig
 from core.errors import GatewayError, InvalidRequestError
+from gateway.http.channel import body_then_disconnect
 from gateway.http.errors import ErrorShape, error_headers, openai_shape
 from policies.idempotency import (
     MISMATCH,
@@ -211,7 +212,7 @@ class _Keyed:
         renewing = asyncio.create_task(_renew(keys, store_key, claim, settings.claim_ttl_s))
         stored = False
         try:
-            await self._app(self._scope, _detached_receive(body, recorder), recorder.send)
+            await self._app(self._scope, body_then_disconnect(body, recorder.sent), recorder.send)
             answer = recorder.answer()
             if answer is not None:
                 stored = await keys.complete(store_key, claim, answer, settings.ttl_s)
@@ -267,23 +268,6 @@ async def _renew(keys: IdempotencyKeys, store_key: str, claim: Claimed, ttl_s: f
     while True:
         await asyncio.sleep(ttl_s / 3)
         await keys.renew(store_key, claim, ttl_s)
-
-
-def _detached_receive(body: bytes, recorder: Recorder) -> Receive:
-    """The body, then ``http.disconnect`` only once the whole response has been sent, as a
-    server reports it after a complete response (Litestar's streaming response waits for
-    it): a client that left is never reported, so nothing inside cancels its request."""
-    delivered = False
-
-    async def receive() -> ReceiveMessage:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await recorder.sent.wait()
-        return {"type": "http.disconnect"}
-
-    return receive
 
 
 # -- recording and replaying answers ---------------------------------------------------------

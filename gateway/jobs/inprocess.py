@@ -18,8 +18,9 @@ import asyncio
 import math
 from typing import NamedTuple, cast
 
-from litestar.types import ASGIApp, HTTPScope, Message, ReceiveMessage
+from litestar.types import ASGIApp, HTTPScope, Message
 
+from gateway.http.channel import body_then_disconnect
 from gateway.request.batch import BATCH_KEY, BatchCaller
 from gateway.telemetry.record import GATEWAY_ID_HEADER, SAFE_ID
 from policies.jobs.objects import new_id
@@ -91,16 +92,7 @@ async def call_app(
 ) -> Answer:
     """POST ``body`` to ``url`` on ``app`` as ``caller``; the whole answer."""
     complete = asyncio.Event()
-    body_sent = False
     status, headers, chunks = 500, {}, []
-
-    async def receive() -> ReceiveMessage:
-        nonlocal body_sent
-        if not body_sent:
-            body_sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await complete.wait()
-        return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
         nonlocal status, headers
@@ -114,7 +106,7 @@ async def call_app(
                 complete.set()
 
     try:
-        await app(_scope(url, body, caller, custom_id), receive, send)
+        await app(_scope(url, body, caller, custom_id), body_then_disconnect(body, complete), send)
     finally:
         complete.set()  # a receive still waiting (the edge's listener) ends too
     return Answer(status, headers, b"".join(chunks))
