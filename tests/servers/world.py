@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -179,6 +180,10 @@ def run_load(world: World, secrets: dict[str, str]) -> None:
             send(world.gateway, secrets, call)
         sent = number * len(ROUND)
         wait_for(f"Prometheus to scrape round {number}", partial(_scraped, prometheus, sent))
+        scraped_at = _last_scrape(prometheus)
+        wait_for(
+            f"the rules to evaluate round {number}", partial(_evaluated, prometheus, scraped_at)
+        )
         if number == 1:
             answer = admin(world.gateway, "POST", "/admin/reload")
             assert answer.status_code == 200, answer.text
@@ -187,6 +192,24 @@ def run_load(world: World, secrets: dict[str, str]) -> None:
 def _scraped(prometheus: Prometheus, requests: int) -> bool | None:
     """True once Prometheus' last scrape of the gateway counts ``requests`` requests."""
     return True if prometheus.scalar("sum(switchyard_requests_total)") == requests else None
+
+
+def _last_scrape(prometheus: Prometheus) -> str:
+    """When Prometheus last scraped the gateway (RFC 3339, as the targets API says)."""
+    targets = prometheus.api("targets")["activeTargets"]
+    return str(next(t["lastScrape"] for t in targets if t["labels"]["job"] == GATEWAY_JOB))
+
+
+def _evaluated(prometheus: Prometheus, scraped_at: str) -> bool | None:
+    """True once every rule group has been evaluated after ``scraped_at``: a recorded series
+    lags the scrape it reads by up to one evaluation interval (a test that read it at once
+    found none)."""
+    groups = prometheus.api("rules")["groups"]
+    return True if all(_later(g["lastEvaluation"], scraped_at) for g in groups) else None
+
+
+def _later(stamp: str, than: str) -> bool:
+    return datetime.fromisoformat(stamp) > datetime.fromisoformat(than)
 
 
 def _all_up(prometheus: Prometheus) -> bool | None:
