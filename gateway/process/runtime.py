@@ -29,6 +29,7 @@ from core.config import (
 )
 from core.errors import ModelNotFoundError
 from core.protocols import Provider, Timeouts
+from gateway.process.target_prices import resolve_target_price
 from policies.auth import Authenticator
 from policies.quotas import QuotaManager
 from policies.quotas.releases import PendingReleases
@@ -183,6 +184,9 @@ class Runtime:
                 continue
             provider_config = self.config.providers[name]
             provider = self.providers[name]
+            price, max_context = resolve_target_price(
+                alias, entry, provider_config, provider.capabilities.max_context
+            )
             targets.append(
                 Target(
                     alias=alias,
@@ -191,9 +195,9 @@ class Runtime:
                     provider=provider,
                     timeouts=_timeouts(provider_config),
                     weight=entry.weight,
-                    price=entry.price,
+                    price=price,
                     local=provider_config.local,
-                    max_context=entry.max_context or provider.capabilities.max_context,
+                    max_context=max_context,
                 )
             )
         self.targets[alias] = targets
