@@ -81,6 +81,10 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     - ``max_file_bytes`` / ``max_requests``: the largest upload and the most request lines
       one input file may hold (OpenAI's: 200 MB, 50,000).
     - ``concurrency``: batch items one gateway runs at once.
+    - ``managed_after``: the share of a batch's completion window during which an item
+      whose alias has a local target runs on local targets only (when they have room,
+      else it waits and is tried again); after it, managed targets take items too, so the
+      batch finishes in its window. 1.0: local only until the end; 0: no preference.
     - ``discount``: the share taken off a batch item's cost in the ledger and the spend
       quota (OpenAI's batch price is half: 0.5).
     - ``yield_above_in_flight``: the runner claims no new item while more interactive
@@ -109,6 +113,7 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     max_file_bytes: PositiveInt = 200 * 1024 * 1024
     max_requests: PositiveInt = 50_000
     concurrency: PositiveInt = 4
+    managed_after: Ratio = 0.5
     discount: Ratio = 0.5
     yield_above_in_flight: Annotated[int, Meta(ge=0)] = 16
     lease_s: PositiveFloat = 60.0

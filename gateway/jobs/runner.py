@@ -46,9 +46,10 @@ from gateway.jobs import housekeeping
 from gateway.jobs.inprocess import Answer, call_app, internal_failure
 from gateway.jobs.webhooks import WebhookSender
 from gateway.process.state import GatewayState
-from gateway.request.batch import BatchCaller
+from gateway.request.batch import BatchCaller, local_first
 from policies.jobs import JobStore, jobs_path
 from policies.jobs.objects import answered_line
+from policies.jobs.usage import item_usage, requested_model
 from policies.jobs.work import Claim
 
 _log = structlog.get_logger("switchyard")
@@ -182,7 +183,9 @@ class BatchRunner:
     # -- one item -------------------------------------------------------------------------
 
     async def _run(self, item: Claim) -> None:
-        caller = BatchCaller(item.principal, item.batch_id)
+        now, share = self.state.clock.wall(), self.settings.managed_after
+        first = local_first(item.created_at, item.expires_at, now, share)
+        caller = BatchCaller(item.principal, item.batch_id, first)
         try:
             answer = await call_app(self.app, item.url, item.body, caller, item.custom_id)
         except Exception:
@@ -200,7 +203,14 @@ class BatchRunner:
             return
         line = answered_line(item.custom_id, answer.status, answer.request_id, answer.body)
         ok = 200 <= answer.status < 300
-        written, settled = await self.store.finish(self.owner, item, ok=ok, result=line)
+        written, settled = await self.store.finish(
+            self.owner,
+            item,
+            ok=ok,
+            result=line,
+            usage=item_usage(answer.body),
+            model=requested_model(item.body),
+        )
         if not written:  # the lease was lost and the item taken over: its result wins
             _log.warning("batch.lease_lost", batch_id=item.batch_id, line=item.line)
         if settled:

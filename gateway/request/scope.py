@@ -32,7 +32,7 @@ from gateway.http.errors import internal_error
 from gateway.process.health import TrackerObserver
 from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
-from gateway.request.batch import batch_caller
+from gateway.request.batch import batch_caller, batch_route, no_room_for_batch
 from gateway.request.routing_view import route_request, tenant_constraints
 from gateway.telemetry.hub import Telemetry
 from gateway.telemetry.record import RequestRecord
@@ -53,17 +53,12 @@ _log = structlog.get_logger("switchyard")
 CLIENT_CLOSED = 499  # nginx's code: the client went away before the end
 
 
-def state_of(request: Request[Any, Any, Any]) -> GatewayState:
-    state: GatewayState = request.app.state.gateway
-    return state
-
-
 class Scope:
     """The policies' view of one request. Create it first; call ``close`` exactly once at
     the end (the handlers do it in ``finally`` blocks or at the end of a stream)."""
 
     def __init__(self, request: Request[Any, Any, Any], endpoint: str) -> None:
-        self.state = state_of(request)
+        self.state: GatewayState = request.app.state.gateway
         self.runtime: Runtime = self.state.runtime  # this request's snapshot, to the end
         self.record = RequestRecord(request, endpoint)
         self.headers: Mapping[str, str] = request.headers
@@ -121,6 +116,7 @@ class Scope:
             with_prefix=any(t.local for t in targets),
             max_n=self.runtime.config.routing.max_n,
         )
+        self.route = batch_route(self.route, self.batch, targets)
         self._candidates = (targets, skipped, req)
         return self._plan(targets, skipped, req)
 
@@ -144,6 +140,7 @@ class Scope:
             max_tokens=max_tokens,
             **tenant_constraints(self.tenant),
         )
+        self.route = batch_route(self.route, self.batch, capable)
         self._candidates = (capable, skipped, None)
         return self._plan(capable, skipped, None)
 
@@ -153,6 +150,8 @@ class Scope:
         (429 queue full / 503 deadline, both with Retry-After)."""
         if plan.ordered or not plan.saturated:
             return plan
+        if self.batch is not None:
+            raise no_room_for_batch()
         current = plan
 
         def ready() -> bool:

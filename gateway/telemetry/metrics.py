@@ -24,6 +24,7 @@ from core.config import Config
 from core.errors import GatewayError
 from gateway.process.reload import Reloader
 from gateway.process.state import GatewayState
+from gateway.request.batch import NO_ROOM as BATCH_NO_ROOM
 from gateway.telemetry.families import Families
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.series import (
@@ -178,7 +179,12 @@ class GatewayMetrics:
     def request_done(
         self, record: RequestRecord, config: Config, status: int, error: GatewayError | None
     ) -> None:
-        """Count one finished request (called once, after its ledger row and log line)."""
+        """Count one finished request (called once, after its ledger row and log line).
+        A batch item put back for lack of room is not one: it counts as a queue refusal
+        (``batch_no_room``) and runs again later."""
+        if error is not None and error.refused_by == BATCH_NO_ROOM:
+            self.queue_rejections.labels("batch_no_room").inc()
+            return
         settings = config.observability.metrics
         tenant = self.tenants.label(record.principal.tenant, settings)
         model = record.model if record.model in config.models else "unknown"

@@ -38,11 +38,13 @@ from policies.jobs.objects import (
     new_id,
 )
 from policies.jobs.schema import write
+from policies.jobs.usage import batch_usage
 
 _COLUMNS = (
     "id, endpoint, errors, input_file_id, completion_window, status, output_file_id,"
     " error_file_id, created_at, in_progress_at, expires_at, finalizing_at, completed_at,"
-    " failed_at, expired_at, cancelling_at, cancelled_at, total, completed, failed, metadata"
+    " failed_at, expired_at, cancelling_at, cancelled_at, total, completed, failed, metadata,"
+    " model, input_tokens, cached_tokens, output_tokens, reasoning_tokens"
 )
 _errors = msgspec.json.Decoder(BatchErrors)
 _metadata = msgspec.json.Decoder(dict[str, str])
@@ -68,7 +70,7 @@ def tenant_key(principal: Principal) -> str:
 def _batch(row: Any) -> Batch:
     (batch_id, endpoint, errors, input_file_id, window, status, output_id, error_id) = row[:8]
     times = [None if value is None else int(value) for value in row[8:17]]
-    total, completed, failed, metadata = row[17:]
+    total, completed, failed, metadata, model = row[17:22]
     return Batch(
         id=batch_id,
         endpoint=endpoint,
@@ -89,6 +91,8 @@ def _batch(row: Any) -> Batch:
         cancelled_at=times[8],
         request_counts=RequestCounts(total=total, completed=completed, failed=failed),
         metadata=None if metadata is None else _metadata.decode(metadata),
+        model=model,
+        usage=batch_usage(*row[22:26]),
     )
 
 

@@ -80,6 +80,24 @@ class RequestCounts(Struct, kw_only=True):
     failed: int = 0
 
 
+class InputTokensDetails(Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(Struct, kw_only=True):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(Struct, kw_only=True):
+    """The tokens of the batch's answered requests so far (OpenAI's ``Batch.usage``)."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
 class Batch(Struct, kw_only=True):
     """``POST /v1/batches``, ``GET /v1/batches/{id}``: a batch and where it stands."""
 
@@ -103,6 +121,8 @@ class Batch(Struct, kw_only=True):
     cancelled_at: int | None = None
     request_counts: RequestCounts
     metadata: dict[str, str] | None = None
+    model: str | None = None  # the alias of its requests (the first answered one's)
+    usage: BatchUsage | None = None
 
 
 class FileList(Struct, kw_only=True):

@@ -101,6 +101,14 @@ _TABLES = (
         updated_at REAL NOT NULL,
         delivered_at REAL)""",
 )
+# Columns added after the first release: ALTER TABLE adds them to an older file at open.
+_ADDED_COLUMNS = (
+    ("batches", "model", "TEXT"),
+    ("batches", "input_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "cached_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "output_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    ("batches", "reasoning_tokens", "INTEGER NOT NULL DEFAULT 0"),
+)
 _INDEXES = (
     "CREATE INDEX IF NOT EXISTS files_tenant ON files (tenant, seq)",
     "CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)",
@@ -128,9 +136,19 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     with write(conn):
-        for statement in (*_TABLES, *_INDEXES):
+        for statement in _TABLES:
+            conn.execute(statement)
+        _add_columns(conn)
+        for statement in _INDEXES:
             conn.execute(statement)
     return conn
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    for table, column, kind in _ADDED_COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from policies.jobs.objects import (
 )
 from policies.jobs.outbox import Delivery, DeliveryRecord
 from policies.jobs.schema import connect
+from policies.jobs.usage import NO_USAGE, ItemUsage
 from policies.jobs.work import Claim
 
 T = TypeVar("T")
@@ -194,9 +195,18 @@ class JobStore:
         return await self._call(work.renew, owner, until=self.clock.wall() + lease_s)
 
     async def finish(
-        self, owner: str, item: Claim, *, ok: bool, result: bytes
+        self,
+        owner: str,
+        item: Claim,
+        *,
+        ok: bool,
+        result: bytes,
+        usage: ItemUsage = NO_USAGE,
+        model: str | None = None,
     ) -> tuple[bool, bool]:
-        return await self._call(work.finish, owner, item, ok=ok, result=result)
+        return await self._call(
+            work.finish, owner, item, ok=ok, result=result, usage=usage, model=model
+        )
 
     async def retry_later(self, owner: str, item: Claim, delay_s: float) -> bool:
         not_before = self.clock.wall() + delay_s

@@ -2,9 +2,11 @@
 no item runs twice while a lease holds and none is lost when a runner dies.
 
 - ``claim``: one ``UPDATE … RETURNING`` takes up to ``n`` items that are pending (and past
-  their back-off) or running under an expired lease, oldest batch first, and gives them to
-  ``owner`` until ``lease_until``. SQLite runs it under the write lock, so two processes
-  never take the same item.
+  their back-off) or running under an expired lease and gives them to ``owner`` until
+  ``lease_until``. Tenants take turns (each tenant's first claimable item, then each one's
+  second, ...; within a tenant, oldest batch first), so one tenant's 50,000-line batch
+  does not hold another's ten lines back for hours. SQLite runs it under the write lock,
+  so two processes never take the same item.
 - ``renew``: the owner pushes its running items' leases forward (a heartbeat); an owner
   that crashed stops renewing, and its items become claimable when the lease runs out.
 - ``finish``: the result and the state change in one transaction, guarded by the owner;
@@ -19,19 +21,24 @@ from __future__ import annotations
 import sqlite3
 
 from msgspec import Struct
+from msgspec.structs import astuple
 
 from core.tenancy import Principal
 from policies.jobs.schema import write
+from policies.jobs.usage import NO_USAGE, ItemUsage
 
 _CLAIM = """
 UPDATE items SET state = 'running', owner = :owner, lease_until = :until
 WHERE (batch_id, line) IN (
-    SELECT i.batch_id, i.line FROM batches b JOIN items i ON i.batch_id = b.id
-    WHERE b.status = 'in_progress' AND b.closing IS NULL
-      AND i.state IN ('pending', 'running')
-      AND ((i.state = 'pending' AND (i.lease_until IS NULL OR i.lease_until <= :now))
-           OR (i.state = 'running' AND i.lease_until < :now))
-    ORDER BY b.seq, i.line
+    SELECT batch_id, line FROM (
+        SELECT i.batch_id, i.line, b.seq,
+               ROW_NUMBER() OVER (PARTITION BY b.tenant ORDER BY b.seq, i.line) AS turn
+        FROM batches b JOIN items i ON i.batch_id = b.id
+        WHERE b.status = 'in_progress' AND b.closing IS NULL
+          AND i.state IN ('pending', 'running')
+          AND ((i.state = 'pending' AND (i.lease_until IS NULL OR i.lease_until <= :now))
+               OR (i.state = 'running' AND i.lease_until < :now)))
+    ORDER BY turn, seq, line
     LIMIT :n)
 RETURNING batch_id, line, custom_id, body, attempts
 """
@@ -47,6 +54,8 @@ class Claim(Struct, frozen=True, kw_only=True):
     body: bytes
     principal: Principal
     attempts: int  # earlier tries that were refused for now (429, 503)
+    created_at: float  # the batch's, Unix seconds
+    expires_at: float  # the end of its completion window
 
 
 def claim(
@@ -59,9 +68,9 @@ def claim(
         ).fetchall()
         ids = sorted({row[0] for row in rows})
         callers = {
-            batch_id: (endpoint, Principal(tenant=tenant or None, key_id=key_id, via=via))
-            for batch_id, endpoint, tenant, key_id, via in conn.execute(
-                "SELECT id, endpoint, tenant, key_id, via FROM batches"
+            batch_id: (endpoint, Principal(tenant=tenant or None, key_id=key_id, via=via), window)
+            for batch_id, endpoint, tenant, key_id, via, *window in conn.execute(
+                "SELECT id, endpoint, tenant, key_id, via, created_at, expires_at FROM batches"
                 f" WHERE id IN ({', '.join('?' for _ in ids)})",
                 ids,
             )
@@ -75,6 +84,8 @@ def claim(
             body=bytes(body),
             principal=callers[batch_id][1],
             attempts=attempts,
+            created_at=callers[batch_id][2][0],
+            expires_at=callers[batch_id][2][1],
         )
         for batch_id, line, custom_id, body, attempts in rows
     ]
@@ -93,11 +104,19 @@ def renew(conn: sqlite3.Connection, owner: str, *, until: float) -> int:
 
 
 def finish(
-    conn: sqlite3.Connection, owner: str, item: Claim, *, ok: bool, result: bytes
+    conn: sqlite3.Connection,
+    owner: str,
+    item: Claim,
+    *,
+    ok: bool,
+    result: bytes,
+    usage: ItemUsage = NO_USAGE,
+    model: str | None = None,
 ) -> tuple[bool, bool]:
-    """Record ``item``'s output (``ok``) or error line. Returns (written, settled):
-    whether ``owner`` still held it, and whether every item of its batch is now done or
-    failed (the batch is ready to be finalized)."""
+    """Record ``item``'s output (``ok``) or error line, add its ``usage`` to the batch's
+    and set the batch's ``model`` if it has none. Returns (written, settled): whether
+    ``owner`` still held it, and whether every item of its batch is now done or failed (the
+    batch is ready to be finalized)."""
     state, counter = ("done", "completed") if ok else ("failed", "failed")
     with write(conn):
         written = conn.execute(
@@ -107,7 +126,11 @@ def finish(
         ).rowcount
         if written:
             conn.execute(
-                f"UPDATE batches SET {counter} = {counter} + 1 WHERE id = ?", (item.batch_id,)
+                f"UPDATE batches SET {counter} = {counter} + 1, model = COALESCE(model, ?),"
+                " input_tokens = input_tokens + ?, cached_tokens = cached_tokens + ?,"
+                " output_tokens = output_tokens + ?, reasoning_tokens = reasoning_tokens + ?"
+                " WHERE id = ?",
+                (model, *astuple(usage), item.batch_id),
             )
         row = conn.execute(
             "SELECT completed + failed >= total FROM batches WHERE id = ?", (item.batch_id,)
