@@ -43,6 +43,10 @@ from core.errors import RateLimitError, ServiceUnavailableError
 Ready = Callable[[], bool]
 _MIN_WEIGHT = 1e-6
 
+# The refusal of a batch item that found no target with room: it never waits in the queue
+# (gateway.request.batch); counted as a queue refusal, not as a failed request.
+BATCH_NO_ROOM = "queue:batch_no_room"
+
 
 @dataclass(eq=False)
 class Ticket:

@@ -19,9 +19,9 @@ from litestar import Request
 from core.errors import ServiceUnavailableError
 from core.routing import RouteRequest
 from core.tenancy import Principal
+from policies.admission import BATCH_NO_ROOM
 from routers.targets import Target
 
-NO_ROOM = "batch:no_room"  # the refusal of a batch item that found no room
 RETRY_S = 5.0  # when a batch item that found no room is tried again (at the earliest)
 
 BATCH_KEY = "switchyard.batch"
@@ -66,5 +66,5 @@ def no_room_for_batch() -> ServiceUnavailableError:
         "No target has room for this batch item now; it is tried again later.",
         retry_after=RETRY_S,
     )
-    error.refused_by = NO_ROOM
+    error.refused_by = BATCH_NO_ROOM
     return error

@@ -24,7 +24,6 @@ from core.config import Config
 from core.errors import GatewayError
 from gateway.process.reload import Reloader
 from gateway.process.state import GatewayState
-from gateway.request.batch import NO_ROOM as BATCH_NO_ROOM
 from gateway.telemetry.families import Families
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.series import (
@@ -40,6 +39,7 @@ from gateway.telemetry.series import (
     status_class,
 )
 from gateway.telemetry.state_metrics import StateCollector
+from policies.admission import BATCH_NO_ROOM
 from policies.idempotency import IdempotencyKeys
 from routers.trace import Attempt
 
@@ -183,7 +183,7 @@ class GatewayMetrics:
         A batch item put back for lack of room is not one: it counts as a queue refusal
         (``batch_no_room``) and runs again later."""
         if error is not None and error.refused_by == BATCH_NO_ROOM:
-            self.queue_rejections.labels("batch_no_room").inc()
+            self._refusal(error, NONE)
             return
         settings = config.observability.metrics
         tenant = self.tenants.label(record.principal.tenant, settings)
