@@ -5,7 +5,9 @@ One run compares three gateways on the same load, each pinned to core 0 (``tasks
   (a) open    the plain open path: no tenants, no auth (SQLite ledger, as by default);
   (b) redis   API-key auth, quotas (rpm, tpm, concurrency, all too large to trigger) on a
               real Redis, and the Redis stream ledger;
-  (c) memory  the same tenant and limits on the memory store, with the SQLite ledger.
+  (c) memory  the same tenant and limits on the memory store, with the SQLite ledger;
+  (d) postgres (only with ``--ledger postgres``) as (c), with the Postgres ledger instead
+              (group commit; a scratch database on ``--pg-dsn``, dropped at the end).
 
 The fake upstream (``bench.fake_upstream``), ``redis-server`` and the load generator share
 core 1. The load generator is this process: raw HTTP/1.1 keep-alive connections in a closed
@@ -19,10 +21,13 @@ request is printed next to (b): it is not on the gateway's core but is part of t
 Scenarios run in rounds (a, b, c, a, b, c, ...) so a noisy neighbour hurts all alike; the
 figure kept is each scenario's median over the rounds.
 
-``--profile redis|memory|open`` instead runs that gateway under cProfile for one measured
+Postgres' own CPU is not counted: it is a shared server outside the bench's cores.
+
+``--profile redis|memory|open|postgres`` instead runs that gateway under cProfile for one measured
 window and prints where its time goes.
 
 Run: .venv/bin/python -m bench.tenant_path [--seconds 6] [--rounds 2] [--connections 32]
+     [--ledger postgres [--pg-dsn "host=127.0.0.1 user=postgres dbname=postgres"]]
 Loopback only; stops by itself (every wait is bounded).
 """
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import pstats
@@ -47,6 +53,7 @@ import psutil
 from bench.gateway import cpu_seconds, wait_http
 from bench.rawclient import Connection
 from policies.auth import KeysFile
+from tests.fixtures.postgres_server import SHARED_DSN, scratch_database
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.server import free_port
 
@@ -65,6 +72,7 @@ BODY = json.dumps(
 ).encode()
 HUGE = 1_000_000_000  # limits that never trigger, yet are checked on every request
 SCENARIOS = ("open", "redis", "memory")
+PG_SCENARIO = "postgres"  # added by --ledger postgres
 TARGET_EXTRA_MS = 0.5
 
 
@@ -75,7 +83,9 @@ class Result:
     redis_cpu_ms: float = 0.0
 
 
-def config_text(scenario: str, up_port: int, folder: Path, redis_url: str) -> str:
+def config_text(
+    scenario: str, up_port: int, folder: Path, redis_url: str, pg_dsn: str | None = None
+) -> str:
     """The policy file of one scenario (see the module docstring)."""
     common = (
         "logging: {level: info, json: true}\n"
@@ -98,6 +108,13 @@ def config_text(scenario: str, up_port: int, folder: Path, redis_url: str) -> st
                 f"state: {{backend: redis, redis: {{url: '{redis_url}', key_prefix: 'bench:'}}}}\n"
                 f"ledger: {{backend: redis, spool_path: {folder / 'spool.sqlite3'}}}\n"
             )
+        )
+    if scenario == PG_SCENARIO:
+        spool = folder / "pg-spool.sqlite3"
+        return (
+            common
+            + tenant
+            + f"ledger: {{backend: postgres, dsn: '{pg_dsn}', spool_path: {spool}}}\n"
         )
     return common + tenant + f"ledger: {{backend: sqlite, path: {folder / 'memory.sqlite3'}}}\n"
 
@@ -165,10 +182,13 @@ class Bench:
     up_port: int
     redis: RedisServer
     key: str
+    pg_dsn: str | None = None
 
     def measure(self, scenario: str, profile: Path | None = None) -> Result:
         config = self.folder / f"{scenario}.yaml"
-        config.write_text(config_text(scenario, self.up_port, self.folder, self.redis.url))
+        config.write_text(
+            config_text(scenario, self.up_port, self.folder, self.redis.url, self.pg_dsn)
+        )
         port = free_port()
         log = self.folder / f"{scenario}.log"
         proc = start_gateway(config, port, log, profile)
@@ -211,17 +231,20 @@ def report(results: dict[str, list[Result]]) -> None:
         if scenario == "redis":
             line += f"; redis-server {statistics.median(r.redis_cpu_ms for r in runs):.3f} ms/req"
         print(line)
-    for scenario in ("redis", "memory"):
+    letters = {"redis": "b", "memory": "c", PG_SCENARIO: "d"}
+    for scenario in (s for s in results if s != "open"):
         extra = median[scenario] - median["open"]
         verdict = "within" if extra <= TARGET_EXTRA_MS else "OVER"
         print(
-            f"extra CPU of ({'b' if scenario == 'redis' else 'c'}) {scenario} over (a) open: "
+            f"extra CPU of ({letters[scenario]}) {scenario} over (a) open: "
             f"{extra:.3f} ms/request ({verdict} the {TARGET_EXTRA_MS} ms target)"
         )
 
 
 # The tenant path's own pieces, for the focused view of a profile.
-_TENANT_PATH = r"(pipeline|manager|checks|redis_stream|spool|sqlite|authenticator|keys|redis)\.py"
+_TENANT_PATH = (
+    r"(pipeline|manager|checks|redis_stream|spool|sqlite|postgres|authenticator|keys|redis)\.py"
+)
 
 
 def print_profile(path: Path, limit: int) -> None:
@@ -238,41 +261,52 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--profile", choices=SCENARIOS)
+    parser.add_argument("--profile", choices=(*SCENARIOS, PG_SCENARIO))
+    parser.add_argument("--ledger", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--pg-dsn", default=SHARED_DSN, help="server for --ledger postgres")
     args = parser.parse_args()
     os.sched_setaffinity(0, {LOAD_CORE})  # the load generator stays off the gateway's core
-    with tempfile.TemporaryDirectory(prefix="bench-tenant-") as tmp:
-        folder = Path(tmp)
-        key, _ = KeysFile(folder / "keys.json").create("bench", "bench")
-        redis = RedisServer().start()
-        up_port = free_port()
-        upstream = subprocess.Popen(
-            ["taskset", "-c", str(LOAD_CORE), PY, "-m", "bench.fake_upstream", str(up_port)],
-            cwd=ROOT,
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-tenant-"))
+        pg_dsn = None
+        if args.ledger == "postgres" or args.profile == PG_SCENARIO:
+            pg_dsn = stack.enter_context(scratch_database(args.pg_dsn))
+        run(args, Path(tmp), pg_dsn)
+
+
+def run(args: argparse.Namespace, folder: Path, pg_dsn: str | None) -> None:
+    """The measurements (or the profile) of one bench run, in ``folder``."""
+    key, _ = KeysFile(folder / "keys.json").create("bench", "bench")
+    redis = RedisServer().start()
+    up_port = free_port()
+    upstream = subprocess.Popen(
+        ["taskset", "-c", str(LOAD_CORE), PY, "-m", "bench.fake_upstream", str(up_port)],
+        cwd=ROOT,
+    )
+    try:
+        assert redis.proc is not None
+        os.sched_setaffinity(redis.proc.pid, {LOAD_CORE})
+        wait_http(f"http://127.0.0.1:{up_port}/healthz")
+        bench = Bench(args, folder, up_port, redis, key, pg_dsn)
+        if args.profile:
+            out = folder / "profile.out"
+            bench.measure(args.profile, profile=out)
+            print_profile(out, 30)
+            return
+        scenarios = (*SCENARIOS, PG_SCENARIO) if pg_dsn else SCENARIOS
+        results: dict[str, list[Result]] = {s: [] for s in scenarios}
+        for _ in range(args.rounds):
+            for scenario in scenarios:
+                results[scenario].append(bench.measure(scenario))
+        print(
+            f"{args.connections} connections, {args.seconds:.0f} s per run, "
+            f"{args.rounds} rounds; gateway on core {GATEWAY_CORE}, load on core {LOAD_CORE}"
         )
-        try:
-            assert redis.proc is not None
-            os.sched_setaffinity(redis.proc.pid, {LOAD_CORE})
-            wait_http(f"http://127.0.0.1:{up_port}/healthz")
-            bench = Bench(args, folder, up_port, redis, key)
-            if args.profile:
-                out = folder / "profile.out"
-                bench.measure(args.profile, profile=out)
-                print_profile(out, 30)
-                return
-            results: dict[str, list[Result]] = {s: [] for s in SCENARIOS}
-            for _ in range(args.rounds):
-                for scenario in SCENARIOS:
-                    results[scenario].append(bench.measure(scenario))
-            print(
-                f"{args.connections} connections, {args.seconds:.0f} s per run, "
-                f"{args.rounds} rounds; gateway on core {GATEWAY_CORE}, load on core {LOAD_CORE}"
-            )
-            report(results)
-        finally:
-            upstream.terminate()
-            upstream.wait(10)
-            redis.close()
+        report(results)
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        redis.close()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from core.config_batch import BatchConfig
+from core.config_control import ControlConfig
 from core.config_idempotency import IdempotencyConfig
 from core.config_observability import ObservabilityConfig
 from core.config_routing import (
@@ -186,6 +187,7 @@ class Config(_Strict, frozen=True):
     observability: ObservabilityConfig = ObservabilityConfig()
     idempotency: IdempotencyConfig = IdempotencyConfig()
     batch: BatchConfig = BatchConfig()
+    control: ControlConfig | None = None  # None: no control plane (keys file only)
     source: str | None = None  # the file it was loaded from (set by load_config)
 
     @property
@@ -215,6 +217,7 @@ _SECTIONS = {
     "idempotency": IdempotencyConfig,
     "batch": BatchConfig,
 }
+_OPTIONAL_SECTIONS = {"control": ControlConfig}  # absent stays None
 
 
 def _keyed(prefix: str, error: msgspec.ValidationError) -> str:
@@ -270,6 +273,24 @@ def _check_state(sections: dict[str, Any], errors: list[str]) -> None:
     ledger, state = sections.get("ledger"), sections.get("state")
     if ledger and state and ledger.backend == "redis" and state.backend != "redis":
         errors.append("ledger.backend: redis needs state.backend: redis")
+    if ledger:
+        _check_ledger_dsn(ledger, errors)
+
+
+def _check_ledger_dsn(ledger: LedgerConfig, errors: list[str]) -> None:
+    """The Postgres ledger needs exactly one of ``dsn`` and ``dsn_env``; other backends
+    none (a DSN under ``auto`` or ``sqlite`` would be silently ignored)."""
+    given = [name for name in ("dsn", "dsn_env") if getattr(ledger, name)]
+    if ledger.backend == "postgres":
+        if not given:
+            errors.append(
+                "ledger.dsn: backend postgres needs dsn, or dsn_env (the name of an"
+                " environment variable holding the DSN, e.g. SWITCHYARD_LEDGER_DSN)"
+            )
+        elif len(given) == 2:
+            errors.append("ledger.dsn_env: give dsn or dsn_env, not both")
+    elif given:
+        errors.append(f"ledger.{given[0]}: only backend postgres uses it (ledger.backend)")
 
 
 def _check_webhooks(sections: dict[str, Any], tenants: dict[str, Any], errors: list[str]) -> None:
@@ -308,6 +329,11 @@ def parse_config(text: str | bytes) -> Config:
     for key, kind in _SECTIONS.items():
         try:
             sections[key] = msgspec.convert(raw.get(key) or {}, kind)
+        except msgspec.ValidationError as exc:
+            errors.append(_keyed(key, exc))
+    for key, kind in _OPTIONAL_SECTIONS.items():
+        try:
+            sections[key] = None if key not in raw else msgspec.convert(raw[key] or {}, kind)
         except msgspec.ValidationError as exc:
             errors.append(_keyed(key, exc))
     raw_providers = raw.get("providers")

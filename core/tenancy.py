@@ -12,11 +12,15 @@ Via = Literal["open", "api_key", "jwt", "admin"]
 
 class Principal(Struct, frozen=True, kw_only=True):
     """The caller. ``tenant`` is None only on an open gateway (no tenants configured) and
-    for the admin key; ``key_id`` names the API key (or the JWT's subject)."""
+    for the admin key; ``key_id`` names the API key (or the JWT's subject). A control-plane
+    key may narrow the tenant's models to ``models`` (None: no narrowing) and carries
+    ``tags`` (its metadata as JSON) into its usage rows."""
 
     tenant: str | None = None
     key_id: str | None = None
     via: Via = "open"
+    models: frozenset[str] | None = None
+    tags: str | None = None
 
     @property
     def admin(self) -> bool:
@@ -57,3 +61,4 @@ class UsageRow(Struct, frozen=True, kw_only=True):
     cache_hit: bool = False
     client_request_id: str | None = None
     usage_estimated: bool = False  # a cut stream: the prompt estimate + the text streamed
+    tags: str | None = None  # the API key's metadata, JSON (keys sorted); None when it has none

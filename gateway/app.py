@@ -12,12 +12,15 @@ from gateway.http.abandon import finish_abandoned
 from gateway.http.errors import exception_handlers
 from gateway.http.idempotency import STATE_KEY as IDEMPOTENCY_KEY
 from gateway.http.idempotency import idempotency_keys
+from gateway.http.jwt_keys import fetch_unknown_jwt_keys
 from gateway.jobs.runner import close_jobs, open_jobs
 from gateway.process.reload import Reloader
 from gateway.process.runtime import Progress
 from gateway.process.state import GatewayState
 from gateway.routes import (
     admin,
+    admin_keys,
+    admin_tenants,
     batches,
     chat,
     completions,
@@ -79,6 +82,18 @@ def create_app(
             admin.list_targets,
             admin.goodput,
             admin.tenant_quota,
+            admin_keys.create_key,
+            admin_keys.list_keys,
+            admin_keys.get_key,
+            admin_keys.update_key,
+            admin_keys.rotate_key,
+            admin_keys.revoke_key,
+            admin_keys.audit_log,
+            admin_keys.control_status,
+            admin_tenants.create_tenant,
+            admin_tenants.update_tenant,
+            admin_tenants.list_tenants,
+            admin_tenants.get_tenant,
             webhooks.webhook_deliveries,
             usage_routes.admin_usage,
             usage_routes.tenant_usage,
@@ -95,8 +110,9 @@ def create_app(
         ],
         lifespan=[lifespan],
         # Outermost first: a keyed request runs inside its own task, where no disconnect
-        # reaches ``finish_abandoned`` (gateway/http/idempotency.py).
-        middleware=[idempotency_keys(by_prefix=shapes), finish_abandoned],
+        # reaches ``finish_abandoned`` (gateway/http/idempotency.py). JWT keys before
+        # idempotency, which authenticates too.
+        middleware=[fetch_unknown_jwt_keys, idempotency_keys(by_prefix=shapes), finish_abandoned],
         exception_handlers=exception_handlers(by_prefix=shapes),
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,

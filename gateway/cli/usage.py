@@ -124,7 +124,8 @@ async def _export(config: Config, query: ExportQuery, out: str) -> int:
 
         store = RedisStore(config.state.redis)
     try:
-        ledger = _sqlite_ledger(config) if store is None else open_ledger(config, store)
+        shared = store is not None or ledger_backend(config) == "postgres"
+        ledger = open_ledger(config, store) if shared else _sqlite_ledger(config)
         progress = _Progress(sys.stderr)
         if out == "-":
             lines = await _write(ledger, query, sys.stdout.buffer, progress)

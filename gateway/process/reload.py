@@ -24,8 +24,8 @@ class Reloader:
 
     def __init__(self, state: GatewayState, path: str) -> None:
         self._state = state
-        self._path = Path(path)
-        self._lock = asyncio.Lock()
+        self._path = visible_path(Path(path))
+        self._lock = state.rebuild_lock  # shared with rebuilds for API tenant changes
         self._digest = self._read_digest()
         # "applied" / "rejected" (invalid file) / "failed" (a provider could not start)
         self.outcomes: Counter[str] = Counter()
@@ -51,7 +51,7 @@ class Reloader:
             _warn_restart_only(state.runtime.config, config)
             try:
                 runtime = Runtime(
-                    config,
+                    state.effective(config),  # plus the control plane's tenants
                     state.client,
                     state.env,
                     state.progress,
@@ -65,6 +65,7 @@ class Reloader:
                 self.outcomes["failed"] += 1
                 return [f"(runtime): {type(exc).__name__}: {exc}"]
             await state.swap(runtime)
+            state.base_config = config
             self.outcomes["applied"] += 1
             self.last_applied_at = time.time()
             return []
@@ -79,8 +80,23 @@ class Reloader:
                 await self.reload()
 
 
+def visible_path(path: Path) -> Path:
+    """The name to watch for ``path`` (a resolved path, as ``Config.source`` is).
+
+    A ConfigMap or Secret volume holds ``config.yaml -> ..data/config.yaml`` and
+    ``..data -> ..<timestamp>/``; an update writes a new timestamped folder, swaps ``..data``
+    and deletes the old folder. Resolving the symlinks pins that old folder, which then
+    vanishes, so inside such a folder the visible name (``<volume>/config.yaml``) is
+    returned instead; any other path is returned unchanged."""
+    for folder in path.parents:
+        if folder.name.startswith("..") and (folder.parent / "..data").is_symlink():
+            return folder.parent / path.relative_to(folder)
+    return path
+
+
 def _warn_restart_only(old: Config, new: Config) -> None:
     """The store and the ledger are opened once per process: changes apply at restart."""
-    changed = [name for name in ("state", "ledger") if getattr(old, name) != getattr(new, name)]
+    sections = ("state", "ledger", "control")
+    changed = [name for name in sections if getattr(old, name) != getattr(new, name)]
     if changed:
         _log.warning("config.restart_needed", sections=changed)

@@ -29,6 +29,7 @@ from core.config import (
 )
 from core.errors import ModelNotFoundError
 from core.protocols import Provider, Timeouts
+from core.tenancy import Principal
 from gateway.process.target_prices import resolve_target_price
 from policies.auth import Authenticator
 from policies.quotas import QuotaManager
@@ -51,6 +52,8 @@ class Stores:
     shared: Store
     local: Store
     releases: PendingReleases = field(default_factory=PendingReleases)
+    # the control plane's key check (gateway.process.control), when ``control:`` is set
+    control_keys: Callable[[str], Principal | None] | None = None
 
     async def aclose(self) -> None:
         await self.shared.aclose()
@@ -131,7 +134,13 @@ class Runtime:
         self.env = os.environ if env is None else env
         clock = clock or SystemClock()
         self.executor = Executor(config.routing)
-        self.auth = Authenticator(config, self.env, clock)
+        self.auth: Authenticator = Authenticator(
+            config,
+            self.env,
+            clock,
+            previous=previous.auth if previous else None,
+            control_keys=stores.control_keys,
+        )
         self.quotas = QuotaManager(
             config.tenants, stores.shared, stores.local, clock, releases=stores.releases
         )
@@ -216,10 +225,14 @@ class Runtime:
         return all(provider.is_ready() for provider in self.providers.values())
 
     async def start(self) -> None:
-        """Start the providers this snapshot built (carried-over ones are running)."""
+        """Start the providers this snapshot built (carried-over ones are running), then
+        its JWT key source (``ConfigError`` when the identity provider's answer is unusable)."""
         for provider in self._fresh:
             await provider.start()
+        # after the providers: a reload whose provider fails leaves no key refresher running
+        await self.auth.start()
 
     async def aclose(self) -> None:
         for provider in self.providers.values():
             await provider.aclose()
+        await self.auth.aclose()

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
 
 from core.clock import Clock, SystemClock
 from core.config import Config, VllmProviderConfig
+from core.tenancy import Principal
+from gateway.process.control import GatewayControl, open_control
 from gateway.process.health import Trackers
 from gateway.process.runtime import Progress, Runtime, Stores
 from local_tier.capacity import CapacityMonitor, ReplicaSpec
@@ -34,12 +36,15 @@ _log = structlog.get_logger("switchyard")
 _PREFIX_BLOCKS_PER_REPLICA = 4096
 
 
-def open_stores(config: Config, clock: Clock) -> Stores:
+def open_stores(
+    config: Config, clock: Clock, control_keys: Callable[[str], Principal | None] | None = None
+) -> Stores:
     """The shared store named by ``state`` and a per-replica memory store for fail-open."""
     local = MemoryStore(clock)
     if config.state.backend == "redis":
-        return Stores(shared=RedisStore(config.state.redis, clock), local=local)
-    return Stores(shared=local, local=local)
+        shared = RedisStore(config.state.redis, clock)
+        return Stores(shared=shared, local=local, control_keys=control_keys)
+    return Stores(shared=local, local=local, control_keys=control_keys)
 
 
 def target_labels(config: Config) -> list[str]:
@@ -105,10 +110,14 @@ class GatewayState:
         self.client = make_client()
         self.env = os.environ if env is None else env
         self.progress = progress
-        self.stores = open_stores(config, self.clock)
+        self.control = open_control(config, self.env, self.clock)  # None without `control:`
+        self.base_config = config  # the policy file's; the runtime's adds the API tenants
+        self.rebuild_lock = asyncio.Lock()  # one runtime rebuild at a time (reload, tenants)
+        verify = self.control.verify if self.control is not None else None
+        self.stores = open_stores(config, self.clock, verify)
         shared = self.stores.shared
         redis = shared if isinstance(shared, RedisStore) else None
-        self.ledger: Ledger = open_ledger(config, redis)
+        self.ledger: Ledger = open_ledger(config, redis, env=self.env, clock=self.clock)
         self.queue = AdmissionQueue(config.routing.queue, _weights(config), self.clock)
         capacity = CapacityMonitor(
             local_replicas(config),
@@ -143,6 +152,8 @@ class GatewayState:
 
     async def start(self) -> None:
         """Start providers in the background so /healthz answers while a model loads."""
+        if self.control is not None:  # first: the runtime's tenants may come from it
+            await self._start_control(self.control)
         self._start_task = asyncio.create_task(self._start())
         await self.trackers.capacity.start()
         await self.trackers.breakers.start()
@@ -152,6 +163,47 @@ class GatewayState:
         if start_ledger is not None:  # replays rows a previous run spooled during an outage
             await start_ledger()
         self.spawn(self._release_leases())
+
+    async def _start_control(self, control: GatewayControl) -> None:
+        """Open and load the control store; rebuild the (not yet started) runtime when the
+        API set tenants; from then on rebuild it whenever they change."""
+        await control.start()
+        if control.index.tenants:
+            self.runtime = Runtime(
+                self.effective(self.base_config),
+                self.client,
+                self.env,
+                self.progress,
+                stores=self.stores,
+                clock=self.clock,
+            )
+            self.queue.set_weights(_weights(self.runtime.config))
+        control.on_tenants(self.apply_control_tenants)
+        self.spawn(control.refresher.run())
+
+    def effective(self, config: Config) -> Config:
+        """``config`` (the policy file's) with the control plane's tenants merged in."""
+        return config if self.control is None else self.control.merged(config)
+
+    async def apply_control_tenants(self) -> None:
+        """Serve the policy merged with the API tenants as they are now (called when they
+        change). A runtime that cannot be built is logged; the current one keeps serving."""
+        async with self.rebuild_lock:
+            try:
+                runtime = Runtime(
+                    self.effective(self.base_config),
+                    self.client,
+                    self.env,
+                    self.progress,
+                    previous=self.runtime,
+                    stores=self.stores,
+                    clock=self.clock,
+                )
+                await runtime.start()
+            except Exception:
+                _log.exception("control.tenants_apply_failed")
+                return
+            await self.swap(runtime)
 
     async def _release_leases(self) -> None:
         """Retry the lease releases that failed settles left behind, every
@@ -193,6 +245,7 @@ class GatewayState:
         self.queue.set_weights(_weights(config))
         if runtime.retired:
             self.spawn(_close_later(runtime, config.server.drain_timeout_s))
+        await old.auth.aclose()  # its JWT key refresher; the new runtime has its own
         _log.info("config.reloaded", models=sorted(runtime.targets), replaced=id(old))
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -225,6 +278,8 @@ class GatewayState:
             await self.shared_load.aclose()
         await self.runtime.aclose()
         await self.ledger.aclose()
+        if self.control is not None:
+            await self.control.aclose()
         await self.stores.aclose()
         await self.client.aclose()
 

@@ -7,7 +7,8 @@ per route the app registers, and ``publish`` encodes it once per app: the route 
 same cached bytes every time and needs no credentials (the document holds no secrets).
 
 What the document says about each route is ``openapi_operations.OPERATIONS``; this module
-builds the document from it. Every route of the app appears in the document. One that has
+builds the document from it. Every route of the app appears in the document (but the admin
+console's HTML pages, marked ``include_in_schema=False``). One that has
 no entry in ``OPERATIONS`` still appears, with a generic operation marked
 ``x-switchyard-undocumented`` (so a new route cannot silently vanish from the document, and
 the unit test names it).
@@ -24,6 +25,7 @@ from litestar import Litestar, Request, Response, get
 from litestar.routes import HTTPRoute
 
 from core.wire import ErrorBody
+from gateway.routes.admin_keys_openapi import CONTROL_OPERATIONS
 from gateway.routes.openapi_operations import (
     OPENAPI_PATH,
     OPERATIONS,
@@ -79,11 +81,16 @@ def app_routes(app: Litestar) -> list[tuple[str, str]]:
     methods Litestar adds to each route by itself."""
     found: list[tuple[str, str]] = []
     for route in app.routes:
-        if not isinstance(route, HTTPRoute):
+        if not isinstance(route, HTTPRoute) or not _in_schema(route):
             continue
         path = openapi_path(route.path)
         found.extend((m, path) for m in sorted(route.methods - _IMPLICIT_METHODS))
     return found
+
+
+def _in_schema(route: HTTPRoute) -> bool:
+    """False for routes marked ``include_in_schema=False`` (the admin console's pages)."""
+    return any(handler.resolve_include_in_schema() for handler in route.route_handlers)
 
 
 def _types_of(operations: Iterable[Operation]) -> list[type]:
@@ -162,7 +169,8 @@ def _require_every_field(component: dict[str, Any]) -> None:
 def build_document(routes: Iterable[tuple[str, str]]) -> dict[str, Any]:
     """The OpenAPI 3.1 document for ``routes`` ((method, OpenAPI path) pairs): request
     bodies and answers from the msgspec wire types, every error as ``ErrorBody``."""
-    chosen = [(m, p, OPERATIONS.get((m, p))) for m, p in routes]
+    described = {**OPERATIONS, **CONTROL_OPERATIONS}
+    chosen = [(m, p, described.get((m, p))) for m, p in routes]
     ops = [(m, p, op or _undocumented(p)) for m, p, op in chosen]
     types = _types_of(op for _, _, op in ops)
     refs_list, components = msgspec.json.schema_components(types, ref_template=_REF)

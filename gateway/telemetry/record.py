@@ -220,6 +220,7 @@ class RequestRecord:
             cache_hit=self.cache_hit,
             client_request_id=self.client_request_id,
             usage_estimated=self.usage_estimated,
+            tags=self.principal.tags,
         )
 
     def finish(self, status: int, error: GatewayError | None = None) -> None:

@@ -9,22 +9,32 @@ come from ``Authorization: Bearer X`` or, for Anthropic-style clients, ``x-api-k
 Failures are ``AuthenticationError`` (401) with OpenAI-like messages that do not say which
 part was wrong (unknown key id, wrong secret, revoked, tenant gone all read the same). For
 JWTs the precise reason rides on the error's ``__cause__`` (a ``TokenRejected``), for logs.
+
+With JWT keys fetched from the identity provider (``auth.jwt.jwks_url`` or ``discovery``) the
+authenticator owns a ``JwksSource``: ``start`` it, ``aclose`` it, and await ``prepare`` before
+``authenticate`` so that a token signed with a key the IdP just published verifies on its
+first use. ``authenticate`` itself stays synchronous and never waits on the network.
 """
 
 from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import structlog
 
 from core.clock import Clock
 from core.config import Config, ConfigError, relative_to_config
 from core.config_tenants import TenantConfig
 from core.errors import AuthenticationError, PermissionDeniedError
 from core.tenancy import ADMIN, OPEN, Principal
+from policies.auth.jwks import JwksSource
 from policies.auth.jwt_verifier import JwtVerifier, TokenRejected, load_verification_keys
 from policies.auth.keys import KeyIndex, KeysFileError
+
+_log = structlog.get_logger("switchyard.auth")
 
 MISSING_CREDENTIAL = (
     "Missing bearer token: provide your API key in an Authorization header using Bearer "
@@ -75,9 +85,19 @@ class Authenticator:
     """Authenticates requests against one config snapshot. ``env`` supplies the admin key
     and the JWT secret (by the names the config gives); ``clock`` paces the keys file's
     re-reads and judges JWT times. Raises ``ConfigError`` when the keys file or the JWT key
-    material is unusable."""
+    material is unusable. ``previous``: the authenticator this one replaces on a reload; its
+    fetched JWT keys serve this one until its own first fetch succeeds (an IdP outage during
+    a reload locks nobody out)."""
 
-    def __init__(self, config: Config, env: Mapping[str, str], clock: Clock) -> None:
+    def __init__(
+        self,
+        config: Config,
+        env: Mapping[str, str],
+        clock: Clock,
+        *,
+        previous: Authenticator | None = None,
+        control_keys: Callable[[str], Principal | None] | None = None,
+    ) -> None:
         auth = config.auth
         admin = env.get(auth.admin_key_env) if auth.admin_key_env else None
         self._admin_key = admin.encode() if admin else None
@@ -86,9 +106,12 @@ class Authenticator:
         self._rules = {name: _ModelRule(tenant) for name, tenant in config.tenants.items()}
         self._keys: KeyIndex | None = None
         self._jwt: JwtVerifier | None = None
+        self._source: JwksSource | None = None
+        # the control plane's keys (policies.control); the keys file is imported into it
+        self._control_keys = control_keys
         if self._open:
             return  # no tenant to map keys or tokens to: only the admin key matters
-        if auth.keys_file:
+        if auth.keys_file and control_keys is None:
             try:
                 self._keys = KeyIndex(relative_to_config(config, auth.keys_file), clock)
             except KeysFileError as exc:
@@ -99,7 +122,38 @@ class Authenticator:
                 return relative_to_config(config, path)
 
             keys = load_verification_keys(auth.jwt, env, resolve)
-            self._jwt = JwtVerifier(auth.jwt, keys, config.tenants, clock)
+            if auth.jwt.fetches_keys:
+                seed = previous._source if previous is not None else None
+                self._source = JwksSource(auth.jwt, clock, seed=seed)
+                if auth.jwt.audience is None:
+                    _log.warning("jwt.no_audience", jwks=self._source.location)
+            self._jwt = JwtVerifier(auth.jwt, keys, config.tenants, clock, source=self._source)
+
+    @property
+    def fetches_keys(self) -> bool:
+        """Whether JWT keys come from the identity provider (``prepare`` has work to do)."""
+        return self._source is not None
+
+    async def start(self) -> None:
+        """Fetch the JWT keys once and keep them fresh in the background (no-op without
+        ``jwks_url``/``discovery``). ``ConfigError`` when the identity provider's answer is
+        unusable (discovery without ``jwks_uri``, not a JWKS) and no earlier keys exist."""
+        if self._source is not None:
+            await self._source.start()
+
+    async def aclose(self) -> None:
+        """Stop the key refresher and close its HTTP client (keys already fetched still
+        verify tokens for requests in flight)."""
+        if self._source is not None:
+            await self._source.aclose()
+
+    async def prepare(self, headers: Mapping[str, str]) -> None:
+        """Await before ``authenticate``: a JWT whose ``kid`` is not among the fetched keys
+        waits (bounded, rate-limited) for one refresh. Never raises."""
+        token = bearer_token(headers)
+        # a cheap shape test (not the regex): only routing, ``authenticate`` decides
+        if self._jwt is not None and token is not None and token.count(".") == 2:
+            await self._jwt.prepare(token)
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller behind these request headers; ``AuthenticationError`` (401) when the
@@ -120,6 +174,11 @@ class Authenticator:
         return self._admin_key is not None and hmac.compare_digest(token.encode(), self._admin_key)
 
     def _from_api_key(self, token: str) -> Principal:
+        if self._control_keys is not None:
+            principal = self._control_keys(token)
+            if principal is None or principal.tenant not in self._tenants:
+                raise AuthenticationError(INCORRECT_KEY)
+            return principal
         record = self._keys.verify(token) if self._keys is not None else None
         if record is None or record.tenant not in self._tenants:
             raise AuthenticationError(INCORRECT_KEY)
@@ -137,8 +196,9 @@ class Authenticator:
         """``PermissionDeniedError`` (403, param ``model``) unless the principal's tenant may
         use model ``alias``. Open and admin principals (no tenant) may use every model."""
         if not self.may_use(principal, alias):
+            who = "This API key" if principal.models is not None else f"Tenant '{principal.tenant}'"
             raise PermissionDeniedError(
-                f"Tenant '{principal.tenant}' is not allowed to use model '{alias}'.",
+                f"{who} is not allowed to use model '{alias}'.",
                 param="model",
                 code="model_not_allowed",
             )
@@ -147,6 +207,8 @@ class Authenticator:
         """Whether ``authorize_model`` would let ``principal`` use ``alias``."""
         if principal.tenant is None:
             return True
+        if principal.models is not None and alias not in principal.models:
+            return False  # the key's own allow-list narrows the tenant's
         rule = self._rules.get(principal.tenant)
         return rule is not None and rule.permits(alias)
 

@@ -6,17 +6,25 @@ shared secret from ``secret_env`` and nothing else; RS*/ES* verify with a public
 from ``public_key_file`` or ``jwks_file`` whose type must match the family. So ``alg: none``
 is never accepted (it is not an allowed algorithm), and an HS256 token "signed" with the
 RSA public key as an HMAC secret fails: HS256 is checked against the secret, never the PEM.
+Keys fetched from the identity provider (``jwks_url``, ``discovery``) come from a
+``JwksSource``; the config refuses HS* beside them, and a fetched key is only ever an RSA or
+EC public key, so no JWK can serve as an HMAC secret.
 
 Times come from the injected clock, not from pyjwt (which reads ``time`` itself): pyjwt
 checks the signature, ``iss`` and ``aud``; ``exp`` (required), ``nbf`` and ``iat`` (a token
 issued in the future is refused) are checked here against ``clock.wall()`` with
 ``leeway_s``. A token longer than ``max_token_bytes`` is refused before anything else.
 Verified tokens are cached by their exact text until they expire (bounded LRU), so a client
-that reuses a token pays for one signature check.
+that reuses a token pays for one signature check; a change of the fetched key set voids the
+cached verdicts (a key the IdP dropped stops verifying at the next refresh).
+
+``verify`` is synchronous and never waits on the network. ``prepare`` (async, before it) lets
+a token whose ``kid`` the fetched set lacks wait for one rate-limited refresh.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
@@ -32,8 +40,7 @@ from core.clock import Clock
 from core.config import ConfigError
 from core.config_tenants import JwtConfig
 from core.tenancy import Principal
-
-PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+from policies.auth.jwks import JwkEntry, JwksSource, PublicKey, public_key_of
 
 # RFC 7518 section 3.2: an HMAC key must be at least as long as the hash output.
 _HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
@@ -51,12 +58,6 @@ class TokenRejected(Exception):
 
 
 @dataclass(frozen=True)
-class JwkEntry:
-    key: PublicKey
-    alg: str | None  # the JWK's own ``alg``, which then must equal the token's
-
-
-@dataclass(frozen=True)
 class VerificationKeys:
     """Key material, loaded once: the HMAC secret, a PEM public key, JWKS keys by kid
     (a JWK without ``kid`` is filed under None)."""
@@ -68,11 +69,10 @@ class VerificationKeys:
 
 def _public(key: Any, where: str) -> PublicKey:
     """The public half of an RSA or EC key (a JWKS may carry private members too)."""
-    if isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
-        key = key.public_key()
-    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
-        raise ConfigError([f"{where}: expected an RSA or EC public key"])
-    return key
+    try:
+        return public_key_of(key, where)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from exc
 
 
 def _load_pem(path: Path) -> PublicKey:
@@ -87,6 +87,8 @@ def _load_pem(path: Path) -> PublicKey:
 
 
 def _load_jwks(path: Path) -> dict[str | None, JwkEntry]:
+    # Strict, unlike a fetched JWKS (jwks.parse_jwks skips odd keys): the operator wrote this
+    # file, and a key in it that cannot be used is a mistake to report at start.
     where = "auth.jwt.jwks_file"
     try:
         document = json.loads(path.read_bytes())
@@ -140,8 +142,11 @@ def load_verification_keys(
     except ConfigError as exc:
         errors.extend(exc.errors)
     asymmetric = [alg for alg in config.algorithms if not alg.startswith("HS")]
-    if asymmetric and not (config.public_key_file or config.jwks_file):
-        errors.append(f"auth.jwt: {', '.join(asymmetric)} needs public_key_file or jwks_file")
+    if asymmetric and not (config.public_key_file or config.jwks_file or config.fetches_keys):
+        errors.append(
+            f"auth.jwt: {', '.join(asymmetric)} needs public_key_file or jwks_file"
+            " (or jwks_url, or discovery with issuer)"
+        )
     if errors:
         raise ConfigError(errors)
     return VerificationKeys(secret=secret, public_key=public_key, jwks=jwks or {})
@@ -155,6 +160,17 @@ def _fits(alg: str, key: PublicKey) -> bool:
     return isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == _EC_CURVES[alg]
 
 
+def _unverified_json(part: str) -> dict[str, Any]:
+    """One base64url JSON part of a token, unverified; {} when it is not a JSON object.
+    On every uncached request with fetched keys: a few microseconds, where pyjwt's
+    get_unverified_header (which decodes the whole token) took ~70 us here."""
+    try:
+        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except ValueError:  # binascii.Error, JSONDecodeError and UnicodeDecodeError included
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -162,7 +178,8 @@ def _number(value: Any) -> TypeGuard[float]:
 class JwtVerifier:
     """Turns a bearer JWT into a ``Principal(tenant, key_id="jwt:<sub>", via="jwt")`` or
     raises ``TokenRejected``. ``tenants`` are the configured tenant names; a token naming
-    any other tenant is refused."""
+    any other tenant is refused. ``source``: public keys fetched from the identity provider
+    (then ``keys`` holds no public key material)."""
 
     def __init__(
         self,
@@ -171,16 +188,19 @@ class JwtVerifier:
         tenants: Collection[str],
         clock: Clock,
         *,
+        source: JwksSource | None = None,
         cache_size: int = 4096,
     ) -> None:
         self._config = config
         self._keys = keys
+        self._source = source
         self._tenants = frozenset(tenants)
         self._clock = clock
-        self._cache: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        # token -> (principal, exp, the generation of the key set that verified it)
+        self._cache: OrderedDict[str, tuple[Principal, float, int]] = OrderedDict()
         self._cache_size = cache_size
         # an algorithm is usable only with its own family's key material
-        asymmetric = keys.public_key is not None or bool(keys.jwks)
+        asymmetric = keys.public_key is not None or bool(keys.jwks) or source is not None
         usable = {"HS": keys.secret is not None, "RS": asymmetric, "ES": asymmetric}
         self._algorithms = frozenset(alg for alg in config.algorithms if usable[alg[:2]])
 
@@ -190,22 +210,54 @@ class JwtVerifier:
             # before the cache, base64 and the signature: size alone must not cost CPU
             # (header values are latin-1, one character per byte)
             raise TokenRejected(f"token larger than {self._config.max_token_bytes} bytes")
+        # one snapshot of the fetched keys for the whole check (a refresh may swap them)
+        fetched = self._source.keys if self._source is not None else None
+        generation = fetched.generation if fetched is not None else 0
         cached = self._cache.get(token)
         if cached is not None:
-            principal, expires = cached
-            if self._clock.wall() < expires + self._config.leeway_s:
+            principal, expires, verified_by = cached
+            if verified_by == generation and self._clock.wall() < expires + self._config.leeway_s:
                 self._cache.move_to_end(token)
                 return principal
-            del self._cache[token]
-        claims = self._decode(token)
+            del self._cache[token]  # expired, or its key may have been dropped: check again
+        jwks = fetched.keys if fetched is not None else self._keys.jwks
+        claims = self._decode(token, jwks)
         expires = self._check_times(claims)
         principal = self._principal(claims)
-        self._cache[token] = (principal, expires)
+        self._cache[token] = (principal, expires, generation)
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return principal
 
-    def _decode(self, token: str) -> dict[str, Any]:
+    async def prepare(self, token: str) -> None:
+        """Before ``verify``, with fetched keys: a token whose ``kid`` the current set lacks
+        waits (at most ``jwks_timeout_s``, rate-limited) for one refresh of the set. Never
+        raises and never waits for a known kid: ``verify`` judges the token either way."""
+        source = self._source
+        if source is None or len(token) > self._config.max_token_bytes:
+            return
+        cached = self._cache.get(token)
+        if cached is not None and cached[2] == source.keys.generation:
+            return
+        kid = self._unknown_kid(token, source.keys.keys)
+        if kid is not None:
+            await source.refresh_for(kid)
+
+    def _unknown_kid(self, token: str, jwks: Mapping[str | None, JwkEntry]) -> str | None:
+        """The token's ``kid`` if it is a string the set lacks and a refresh could help: an
+        allowed algorithm and (with ``issuer`` set) the issuer's token. Unverified reads:
+        they only decide whether to ask the IdP, never whether to accept."""
+        head, _, rest = token.partition(".")
+        header = _unverified_json(head)
+        kid, alg = header.get("kid"), header.get("alg")
+        if not isinstance(kid, str) or kid in jwks or alg not in self._algorithms:
+            return None
+        issuer = self._config.issuer
+        if issuer is not None and _unverified_json(rest.partition(".")[0]).get("iss") != issuer:
+            return None
+        return kid
+
+    def _decode(self, token: str, jwks: Mapping[str | None, JwkEntry]) -> dict[str, Any]:
         """Signature, ``iss`` and ``aud`` via pyjwt, with the key the header selects."""
         try:
             header = jwt.get_unverified_header(token)
@@ -214,7 +266,7 @@ class JwtVerifier:
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self._algorithms:
             raise TokenRejected(f"algorithm {alg!r} is not allowed")
-        key = self._key_for(alg, header.get("kid"))
+        key = self._key_for(alg, header.get("kid"), jwks)
         try:
             return jwt.decode(
                 token,
@@ -235,11 +287,12 @@ class JwtVerifier:
         except jwt.PyJWTError as exc:
             raise TokenRejected(f"{type(exc).__name__}: {exc}") from exc
 
-    def _key_for(self, alg: str, kid: Any) -> bytes | PublicKey:
+    def _key_for(
+        self, alg: str, kid: Any, jwks: Mapping[str | None, JwkEntry]
+    ) -> bytes | PublicKey:
         if alg.startswith("HS"):
             assert self._keys.secret is not None  # HS* is allowed only with a secret
             return self._keys.secret
-        jwks = self._keys.jwks
         entry = jwks.get(kid) if kid is None or isinstance(kid, str) else None
         if entry is None and kid is None and len(jwks) == 1 and self._keys.public_key is None:
             entry = next(iter(jwks.values()))

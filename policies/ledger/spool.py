@@ -1,41 +1,49 @@
-"""The Redis ledger with a local spool: a row is never lost because Redis is down.
+"""A shared ledger with a local spool: a row is never lost because the shared backend is down.
 
-``SpoolingLedger(primary, spool, clock)`` is a ``Ledger``:
+``SpoolingLedger(primary, spool, clock)`` is a ``Ledger`` over a primary that other
+replicas share (``RedisStreamLedger`` or ``PostgresLedger``):
 
-- ``append`` writes to the primary (``RedisStreamLedger``). When that fails, or the store is
-  failing fast after an outage, the row goes to the spool instead (a ``SqliteLedger``: WAL,
-  ``synchronous=FULL``, group commit) and ``append`` returns normally once the spool has
-  synced it. Any failure of the primary is spooled, not only ``StoreUnavailableError``: a
-  Redis that refuses writes (``OOM`` at ``maxmemory``, ``MISCONF``) or a bug in the script
-  must not cost a row either; the error is logged. Only when the spool fails too does
-  ``append`` raise (the spool's error).
+- ``append`` writes to the primary. When that fails (both primaries also fail fast, with
+  ``StoreUnavailableError``, for a while after an outage), the row goes to the spool instead
+  (a ``SqliteLedger``: WAL, ``synchronous=FULL``, group commit) and ``append`` returns
+  normally once the spool has synced it. Any failure of the primary is spooled, not only
+  ``StoreUnavailableError``: a Redis that refuses writes (``OOM`` at ``maxmemory``,
+  ``MISCONF``), a Postgres that is read-only or full, or a bug in the script must not cost a
+  row either; the error is logged. Only when the spool fails too does ``append`` raise (the
+  spool's error).
 - A background task replays spooled rows into the primary, oldest first (by ``ts``, then
   ``request_id``), in batches, deleting each batch's rows from the spool only after the
-  primary acknowledged them. It starts on the first spooled row, on ``start()``, or on the
-  first ``append`` of a ledger whose spool may hold rows from an earlier run (so a restart
-  replays leftovers without a manual step); it stops when the spool is empty. While
-  replays fail it retries every ``replay_interval_s`` (the wait is real time; whether an
-  attempt is due is read from the injected clock, so tests decide when it may retry).
+  primary acknowledged them. A primary with ``append_many`` (``BatchPrimary``: Postgres)
+  takes a whole batch in one transaction; the Redis stream takes one row after the other.
+  It starts on the first spooled row, on ``start()``, or on the first ``append`` of a ledger
+  whose spool may hold rows from an earlier run (so a restart replays leftovers without a
+  manual step); it stops when the spool is empty. While replays fail it retries every
+  ``replay_interval_s`` (the wait is real time; whether an attempt is due is read from the
+  injected clock, so tests decide when it may retry). ``start()`` also lets such a primary
+  ``prepare`` itself (Postgres: connect and migrate its schema); an unreachable one is
+  logged, not fatal: rows are spooled until it is back.
 - ``rows()`` reads the primary only: a spooled row shows up in exports once it has been
   replayed. Merging the spool in would not make exports available during an outage (the
-  primary cannot be read then either) and would need deduplication against the stream.
+  primary cannot be read then either) and would need deduplication against the primary.
 - ``aclose()`` stops the task, then tries one last replay for at most ``close_timeout_s``;
   what is left stays in the spool for the next ledger on the same file.
 
-Exactly once: the primary's append skips a ``request_id`` whose seen-marker
-(``ledger:seen:<id>``, ``dedup_ttl_s``, 15 minutes by default) still exists. A row reaches
-the primary twice only when a write landed without being acknowledged (a command that timed
-out after Redis applied it, or a crash between the primary's acknowledgement and the spool
-delete): the replay of it is then a no-op, unless it comes after the marker expired (an
-outage, or a process that stays down, longer than ``dedup_ttl_s``), in which case the
-stream holds the row twice. Exports that must be exact can drop repeated ``request_id``s.
+Exactly once. A row reaches the primary twice only when a write landed without being
+acknowledged (a command or commit that timed out after the server applied it, or a crash
+between the primary's acknowledgement and the spool delete). Postgres then skips it for
+good (``request_id`` is the primary key). Redis skips a ``request_id`` whose seen-marker
+(``ledger:seen:<id>``, ``dedup_ttl_s``, 15 minutes by default) still exists, so the replay
+is a no-op unless it comes after the marker expired (an outage, or a process that stays
+down, longer than ``dedup_ttl_s``), in which case the stream holds the row twice. Exports
+from Redis that must be exact can drop repeated ``request_id``s.
 
-Order and lateness: a replayed row is older than what other appends put in the stream since
-the outage ended, so it gets an ID after the stream's newest entry (see
-``policies.ledger.redis_stream``). A row replayed more than the primary's ``max_lateness_s``
-(an hour) after its ``ts`` is still in the stream, but queries that set ``end`` miss it.
+Order and lateness (Redis): a replayed row is older than what other appends put in the
+stream since the outage ended, so it gets an ID after the stream's newest entry (see
+``policies.ledger.redis_stream``). A row replayed more than the primary's
+``max_lateness_s`` (an hour) after its ``ts`` is still in the stream, but queries that set
+``end`` miss it. Postgres orders by ``ts`` whenever the row arrives.
 
-Several processes may share one spool file (SQLite locks; the seen-marker makes concurrent
+Several processes may share one spool file (SQLite locks; deduplication makes concurrent
 replays of the same row a no-op). ``aclose`` must come after the last ``append`` returned.
 """
 
@@ -43,26 +51,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import structlog
 
 from core.clock import Clock
 from core.tenancy import UsageRow
-from policies.ledger.redis_stream import RedisStreamLedger
+from policies.ledger.base import Ledger
 from policies.ledger.sqlite import SqliteLedger
 from policies.store.base import StoreUnavailableError
 
 _log = structlog.get_logger("switchyard")
 
 
+@runtime_checkable
+class BatchPrimary(Protocol):
+    """What a primary may offer beyond ``Ledger`` (``PostgresLedger`` does)."""
+
+    async def prepare(self) -> None:
+        """Get ready to write (connect, migrate); ``StoreUnavailableError`` when down."""
+        ...
+
+    async def append_many(self, rows: Sequence[UsageRow]) -> None:
+        """Commit ``rows`` durably, in as few transactions as it can."""
+        ...
+
+
 class SpoolingLedger:
     """``Ledger`` on ``primary`` with ``spool`` as its fallback (see the module docstring).
-    Both are owned: ``aclose`` closes them (the primary's store stays open)."""
+    Both are owned: ``aclose`` closes them (a Redis primary's store stays open)."""
 
     def __init__(
         self,
-        primary: RedisStreamLedger,
+        primary: Ledger,
         spool: SqliteLedger,
         clock: Clock,
         *,
@@ -88,7 +110,13 @@ class SpoolingLedger:
         self._closed = False
 
     async def start(self) -> None:
-        """Replay what an earlier run left in the spool, in the background."""
+        """Prepare the primary (when it can: ``BatchPrimary``) and replay what an earlier
+        run left in the spool, in the background. An unreachable primary is logged."""
+        if isinstance(self.primary, BatchPrimary):
+            try:
+                await self.primary.prepare()
+            except StoreUnavailableError as exc:
+                _log.warning("ledger.primary_unreachable", error=str(exc))
         self._ensure_task()
 
     async def append(self, row: UsageRow) -> None:
@@ -98,21 +126,18 @@ class SpoolingLedger:
             raise RuntimeError("the ledger is closed")
         if self._maybe_pending:
             self._ensure_task()
-        if not self.primary.store.available:
-            error: Exception = StoreUnavailableError("redis unavailable (failing fast)")
-        else:
-            try:
-                await self.primary.append(row)
-                return
-            except Exception as exc:  # every failure: the spool keeps the row
-                error = exc
+        try:
+            await self.primary.append(row)
+            return
+        except Exception as exc:  # every failure: the spool keeps the row
+            error = exc
         await self._spool(row, error)
 
     def rows(
         self, *, tenant: str | None = None, start: float | None = None, end: float | None = None
     ) -> AsyncIterator[UsageRow]:
         """The primary's rows (spooled rows appear once replayed); raises
-        ``StoreUnavailableError`` while Redis is unreachable."""
+        ``StoreUnavailableError`` while the primary is unreachable."""
         return self.primary.rows(tenant=tenant, start=start, end=end)
 
     async def replay(self) -> int:
@@ -127,16 +152,43 @@ class SpoolingLedger:
                     return moved
                 done: list[str] = []
                 try:
-                    for row in batch:
-                        await self.primary.append(row)
-                        done.append(row.request_id)
+                    await self._to_primary(batch, done)
                 finally:
                     # Deleted only once acknowledged: a crash before this line means these
-                    # rows are appended again later, which the seen-marker makes a no-op.
+                    # rows are appended again later, which deduplication makes a no-op.
                     if done:
                         await self.spool.delete(done)
                         moved += len(done)
                         self.replayed += len(done)
+
+    async def _to_primary(self, batch: list[UsageRow], done: list[str]) -> None:
+        """Append ``batch`` to the primary, adding to ``done`` the request_ids it
+        acknowledged. One after the other, stopping at the first error; a ``BatchPrimary``
+        takes the batch at once, and when it refuses some row for a reason other than an
+        outage, every row is tried on its own, so one row it will never take (a bug)
+        does not hold up the rows behind it: the first such error is raised at the end."""
+        if isinstance(self.primary, BatchPrimary):
+            try:
+                await self.primary.append_many(batch)
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                refused: Exception = exc
+            else:
+                done.extend(row.request_id for row in batch)
+                return
+            for row in batch:
+                try:
+                    await self.primary.append(row)
+                except StoreUnavailableError:
+                    raise
+                except Exception:
+                    continue
+                done.append(row.request_id)
+            raise refused
+        for row in batch:
+            await self.primary.append(row)
+            done.append(row.request_id)
 
     async def aclose(self) -> None:
         """Stop replaying, try one last replay (at most ``close_timeout_s``), close the
