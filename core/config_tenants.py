@@ -24,9 +24,11 @@ class _Strict(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
 
 
 class RedisConfig(_Strict, frozen=True):
-    """Where shared state lives when ``state.backend`` is ``redis``."""
+    """Where shared state lives when ``state.backend`` is ``redis``. ``url_env`` names an
+    environment variable holding the URL instead (a password stays out of the file)."""
 
     url: str = "redis://127.0.0.1:6379/0"
+    url_env: EnvName | None = None
     key_prefix: str = "switchyard:"
     timeout_s: PositiveFloat = 0.25  # per command; a slower Redis counts as unreachable
     retry_interval_s: PositiveFloat = 1.0  # how long to stay on the fallback before retrying

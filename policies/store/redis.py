@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,6 +36,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core.clock import Clock, SystemClock
+from core.config import ConfigError
 from core.config_tenants import RedisConfig
 from policies.store.base import Script, StoreUnavailableError, Value
 
@@ -47,19 +49,35 @@ _OUTAGES = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError, asy
 _MAX_CONNECTIONS = 256
 
 
+def redis_url(config: RedisConfig, env: Mapping[str, str]) -> str:
+    """The URL to connect to: ``url_env``'s value when set, else ``url``."""
+    if config.url_env is None:
+        return config.url
+    url = env.get(config.url_env)
+    if not url:
+        raise ConfigError(
+            [f"state.redis.url_env: environment variable {config.url_env} is not set"]
+        )
+    return url
+
+
 class RedisStore:
     """``Store`` on Redis via ``redis.asyncio`` (see the module docstring for the contract)."""
 
     name = "redis"
 
-    def __init__(self, config: RedisConfig, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: RedisConfig, clock: Clock | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """``env`` (default: the process environment) holds ``config.url_env``'s URL;
+        ``ConfigError`` naming the variable when it is set in the config but not there."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
         # A blocking pool: a burst beyond max_connections waits (up to timeout_s) for a
         # free connection instead of raising MaxConnectionsError, which would read as an
         # outage and send every caller to its fallback.
         pool = aioredis.BlockingConnectionPool.from_url(
-            config.url,
+            redis_url(config, os.environ if env is None else env),
             max_connections=_MAX_CONNECTIONS,
             timeout=config.timeout_s,
             socket_timeout=config.timeout_s,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from core.clock import FakeClock
+from core.config import ConfigError
 from core.config_tenants import RedisConfig
 from policies.store.base import Script, StoreUnavailableError
 from policies.store.memory import MemoryStore
@@ -152,3 +153,21 @@ async def test_a_read_only_replica_counts_as_unavailable(
     clock.advance(rstore.config.retry_interval_s)
     await rstore.set("a", b"1")
     assert await rstore.get("a") == b"1"
+
+
+async def test_the_url_may_come_from_the_environment(redis_url: str, clock: FakeClock) -> None:
+    config = RedisConfig(url="redis://127.0.0.1:1/0", url_env="SY_REDIS_URL", key_prefix="t:")
+    store = RedisStore(config, clock, env={"SY_REDIS_URL": redis_url})
+    try:
+        await store.set("from-env", b"1")
+        assert await store.get("from-env") == b"1"  # reached the real server, not port 1
+    finally:
+        await store.aclose()
+
+
+def test_a_missing_url_variable_is_a_config_error_naming_it(clock: FakeClock) -> None:
+    config = RedisConfig(url_env="SY_REDIS_URL")
+    with pytest.raises(
+        ConfigError, match=r"state\.redis\.url_env: environment variable SY_REDIS_URL"
+    ):
+        RedisStore(config, clock, env={})

@@ -4,12 +4,11 @@ and nothing outside an allow-list, whose HEALTHCHECK really passes against a run
 (and fails against nothing), whose commands parse with the real CLI; a compose file whose
 references all resolve (services, volumes, mounted files, the policy's hosts and secrets).
 The wheel the image installs is built for real (``servers`` stage): it must hold every file
-of the packages, data files included. ``docker compose config`` runs where the plugin is."""
+of the packages, data files included. (No Docker engine or compose plugin runs here: the compose file is checked by parsing it.)"""
 
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import shutil
 import subprocess
@@ -304,29 +303,6 @@ def test_the_compose_policy_passes_check_config():
     assert (config.state.backend, config.ledger.backend) == ("redis", "postgres")
     assert config.ledger.dsn_env == "SWITCHYARD_LEDGER_DSN"
     assert config.control is not None and config.control.dsn_env == "SWITCHYARD_CONTROL_DSN"
-
-
-def _compose_plugin() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    done = subprocess.run(
-        ["docker", "compose", "version"], check=False, capture_output=True, timeout=30
-    )
-    return done.returncode == 0
-
-
-@pytest.mark.skipif(not _compose_plugin(), reason="the docker compose plugin is not installed")
-def test_docker_compose_accepts_the_file():
-    env = {**os.environ, "SWITCHYARD_ADMIN_KEY": "test-admin-key"}
-    done = subprocess.run(
-        ["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 # ------------------------------------------------------------------- the wheel it installs
