@@ -6,8 +6,9 @@ One run compares three gateways on the same load, each pinned to core 0 (``tasks
   (b) redis   API-key auth, quotas (rpm, tpm, concurrency, all too large to trigger) on a
               real Redis, and the Redis stream ledger;
   (c) memory  the same tenant and limits on the memory store, with the SQLite ledger;
-  (d) postgres (only with ``--ledger postgres``) as (c), with the Postgres ledger instead
-              (group commit; a scratch database on ``--pg-dsn``, dropped at the end).
+  (d) postgres (only with ``--ledger postgres``) the fleet's setup: as (c), with the key
+              managed by the control plane on Postgres (API-managed keys) and the Postgres
+              ledger (group commit); a scratch database on ``--pg-dsn``, dropped at the end.
 
 The fake upstream (``bench.fake_upstream``), ``redis-server`` and the load generator share
 core 1. The load generator is this process: raw HTTP/1.1 keep-alive connections in a closed
@@ -115,6 +116,9 @@ def config_text(
             common
             + tenant
             + f"ledger: {{backend: postgres, dsn: '{pg_dsn}', spool_path: {spool}}}\n"
+            # the fleet's control plane: the keys file is imported into it at start and
+            # the key is checked against its in-memory index (polled from Postgres)
+            + f"control: {{backend: postgres, dsn: '{pg_dsn}'}}\n"
         )
     return common + tenant + f"ledger: {{backend: sqlite, path: {folder / 'memory.sqlite3'}}}\n"
 
