@@ -36,10 +36,11 @@ test-fast: setup  ## unit, contract and integration tests against fake upstreams
 test-hostile: setup  ## hostile clients, disconnect storms, fuzzing, store faults (real processes)
 	$(PYTEST) -m hostile -q
 
-setup-servers:  ## Debian's prometheus (the server and promtool) for the servers stage
+setup-servers:  ## Debian's prometheus, promtool, kubectl and chromium for the servers stage
 	bash scripts/setup_servers.sh
+	bash scripts/setup_browser.sh
 
-test-servers: setup setup-servers  ## a real Prometheus scraping a real gateway; promtool on the shipped rules
+test-servers: setup setup-servers  ## real Prometheus, promtool, kubectl and headless Chromium (the console)
 	$(PYTEST) -m servers -q
 
 test-model: setup  ## the real SmolLM2 model in the JAX engine (CPU)

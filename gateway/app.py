@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 
 from core.config import Config
+from gateway.console import console_router
 from gateway.http.abandon import finish_abandoned
 from gateway.http.errors import exception_handlers
 from gateway.http.idempotency import STATE_KEY as IDEMPOTENCY_KEY
@@ -107,6 +108,7 @@ def create_app(
             batches.list_batches,
             batches.retrieve_batch,
             batches.cancel_batch,
+            console_router(),  # the admin console's HTML pages under /console
         ],
         lifespan=[lifespan],
         # Outermost first: a keyed request runs inside its own task, where no disconnect

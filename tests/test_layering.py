@@ -71,6 +71,7 @@ ROOMS = (
     "cli",
     "asgi",
     "app",
+    "console",
     "routes",
     "jobs",
     "request",

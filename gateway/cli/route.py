@@ -1,27 +1,20 @@
 """``switchyard route explain``: the ordered plan for a model alias, with the reason for
 each place, computed by the same planner the gateway runs (with no health data yet: every
-breaker closed, no latency estimates, local replicas not saturated)."""
+breaker closed, no latency estimates, local replicas not saturated): the functions of
+``gateway.request.explain``, which the admin console's route explain runs too."""
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from typing import Any
 
 from core.clock import SystemClock
 from core.config import ConfigError, load_config
-from core.routing import UNKNOWN, RouteRequest, TargetHealth
 from gateway.process.runtime import Runtime, Stores
-from gateway.request.routing_view import tenant_constraints
+from gateway.request.explain import NO_HEALTH_DATA, explain_route, route_for
 from policies.store import MemoryStore
 from providers.transport import make_client
-from routers.planner import plan_route
-
-
-class _NoHealthData:
-    def health(self, label: str) -> TargetHealth:
-        return UNKNOWN
 
 
 def add_parser(commands: Any) -> None:
@@ -44,34 +37,26 @@ def run(args: argparse.Namespace, config_path: str) -> int:
         for error in exc.errors:
             print(f"{config_path}: {error}", file=sys.stderr)
         return 1
-    if args.model not in config.models:
-        print(f"unknown model alias '{args.model}'", file=sys.stderr)
+    try:
+        route = route_for(
+            config,
+            args.model,
+            args.tenant,
+            prompt_tokens=args.prompt_tokens,
+            max_tokens=args.max_tokens,
+            slo_ttft_ms=args.slo_ttft_ms,
+        )
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 1
-    tenant = config.tenants.get(args.tenant) if args.tenant else None
-    if args.tenant and tenant is None:
-        print(f"unknown tenant '{args.tenant}'", file=sys.stderr)
-        return 1
-    model = config.models[args.model]
-    slo = args.slo_ttft_ms or (tenant.slo_ttft_ms if tenant else None) or model.slo_ttft_ms
-    route = RouteRequest(
-        model=args.model,
-        tenant=args.tenant,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        slo_ttft_ms=slo,
-        slo_total_ms=model.slo_total_ms,
-        **tenant_constraints(tenant),
-    )
     memory = MemoryStore(SystemClock())
     runtime = Runtime(config, make_client(), stores=Stores(shared=memory, local=memory))
-    targets, skipped = runtime.plan_for(args.model)
-    strategy = runtime.strategies[args.model]
-    plan = plan_route(route, targets, _NoHealthData(), strategy, random.Random(args.seed), None)
-    print(f"model {args.model} (strategy {type(model.strategy).__name__}):")
-    for place, target in enumerate(plan.ordered, 1):
-        print(f"  {place}. {target.label}: {plan.reasons.get(target.label, '')}")
-    for item in [*skipped, *plan.skipped]:
-        print(f"  -  {item.label}: skipped ({item.reason})")
-    if not plan.ordered:
+    explained = explain_route(runtime, route, NO_HEALTH_DATA, args.seed)
+    print(f"model {args.model} (strategy {explained.strategy}):")
+    for place, (label, reason) in enumerate(explained.ordered, 1):
+        print(f"  {place}. {label}: {reason}")
+    for label, reason in explained.skipped:
+        print(f"  -  {label}: skipped ({reason})")
+    if not explained.ordered:
         print("  no target can serve this request")
     return 0

@@ -51,7 +51,13 @@ async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Each target's breaker state, latency estimates, saturation and cache hit rate, and
     the admission queue's depth per tenant."""
     require_admin(request)
-    state = _state(request)
+    body = targets_report(_state(request))
+    return Response(msgspec.json.encode(body), media_type=_JSON)
+
+
+def targets_report(state: GatewayState) -> dict[str, Any]:
+    """``GET /admin/targets``'s body (also the admin console's targets page): every target
+    once, with the aliases that use it and its health; skipped targets; the queue."""
     runtime = state.runtime
     seen: dict[str, dict[str, Any]] = {}
     for alias, targets in runtime.targets.items():
@@ -75,8 +81,7 @@ async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
         if items
     }
     queue = {"depth": state.queue.depth, "by_tenant": state.queue.depth_by_tenant()}
-    body = {"targets": list(seen.values()), "skipped": skipped, "queue": queue}
-    return Response(msgspec.json.encode(body), media_type=_JSON)
+    return {"targets": list(seen.values()), "skipped": skipped, "queue": queue}
 
 
 @get("/admin/goodput")

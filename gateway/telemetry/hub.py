@@ -16,6 +16,7 @@ from core.config import Config
 from core.config_observability import TracingConfig
 from core.errors import GatewayError
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.recent import RecentRequests
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.trace_ids import TraceIds
 
@@ -30,6 +31,7 @@ class Telemetry:
 
     def __init__(self, config: Config) -> None:
         self.metrics = GatewayMetrics()
+        self.recent = RecentRequests()  # the admin console's live tail and timelines
         self.tracing: Tracing | None = None
         self._tracing_config = TracingConfig()
         self._redact: Sequence[str] = ()
@@ -62,9 +64,10 @@ class Telemetry:
     def finished(
         self, record: RequestRecord, config: Config, status: int, error: GatewayError | None
     ) -> None:
-        """Count the request and export its trace. Never raises: observability must not
-        fail a request that has already been answered."""
+        """Keep the request for the console, count it and export its trace. Never raises:
+        observability must not fail a request that has already been answered."""
         try:
+            self.recent.add(record, status, error)
             if config.observability.metrics.enabled:
                 self.metrics.request_done(record, config, status, error)
             if self.tracing is not None and record.trace_ids is not None:
