@@ -6,7 +6,9 @@ rest of the shared state):
 - a key rotated through B works with both secrets on every replica during the grace period,
   and only with the new one everywhere after it;
 - a key revoked through C fails on every replica within about a second;
-- a tenant created through A (and a key of it) is served by B and C.
+- a tenant created through A (and a key of it) is served by B and C;
+- 1,000 concurrent requests spread over the three leave exactly 1,000 rows in the shared
+  Postgres ledger, with token sums equal to what the upstream reported.
 
 Propagation is polled with a deadline of a few seconds (the replicas poll the store every
 250 ms); the measured delays are printed, never asserted tightly.
@@ -14,14 +16,18 @@ Propagation is polled with a deadline of a few seconds (the replicas poll the st
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import httpx
+import psycopg
 import pytest
 
-from tests.fixtures.fake_openai import FakeOpenAI
+from policies.ledger.postgres_schema import TABLE
+from tests.fixtures.fake_openai import FakeOpenAI, usage_for
 from tests.fixtures.postgres_server import scratch_database, shared_postgres  # noqa: F401
 from tests.fixtures.redis_server import RedisServer
 from tests.fixtures.server import serve
@@ -33,25 +39,36 @@ DEADLINE_S = 5.0  # generous next to the ~0.25 s poll: a loaded CI machine is sl
 GRACE_S = 3.0
 
 
+@dataclass
+class Fleet:
+    gateways: list[GatewayProcess]
+    upstream: FakeOpenAI
+    dsn: str  # the control store's and the ledger's database
+
+
 @pytest.fixture(scope="module")
-def replicas(
+def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[GatewayProcess]]:
+) -> Iterator[Fleet]:
     tmp_path = tmp_path_factory.mktemp("control-replicas")
     admin_dsn = request.getfixturevalue("shared_postgres")  # fails under CI if unreachable
     redis_server: RedisServer = request.getfixturevalue("redis_server")
     redis_url = redis_server.start().url
     with ExitStack() as stack:
         pg_dsn = stack.enter_context(scratch_database(admin_dsn))
-        upstream = stack.enter_context(serve(FakeOpenAI()))
+        fake = FakeOpenAI()
+        upstream = stack.enter_context(serve(fake))
         config = tmp_path / "policy.yaml"
         config.write_text(f"""
 auth: {{admin_key_env: T_ADMIN}}
 control: {{backend: postgres, dsn_env: T_CONTROL_DSN}}
+ledger: {{backend: postgres, dsn_env: T_CONTROL_DSN, spool_path: {tmp_path / "spool.sqlite3"}}}
 state: {{backend: redis, redis: {{url: "{redis_url}"}}}}
 tenants: {{acme: {{limits: {{rpm: 10000}}}}}}
 providers: {{oa: {{type: openai, base_url: "{upstream.url}/v1", api_key_env: T_OA}}}}
-models: {{chat: {{targets: [{{provider: oa, model: m-ok}}]}}}}
+models:
+  chat: {{targets: [{{provider: oa, model: m-ok}}]}}
+  bulk: {{targets: [{{provider: oa, model: m-count}}]}}
 server: {{watch_config: false}}
 logging: {{level: warning}}
 """)
@@ -61,7 +78,12 @@ logging: {{level: warning}}
             gateway = GatewayProcess(config, env, tmp_path / f"{name}.log")
             stack.callback(gateway.kill)
             gateways.append(gateway.start())
-        yield gateways
+        yield Fleet(gateways, fake, pg_dsn)
+
+
+@pytest.fixture(scope="module")
+def replicas(fleet: Fleet) -> list[GatewayProcess]:
+    return fleet.gateways
 
 
 def admin(gateway: GatewayProcess, method: str, path: str, body: object = None) -> httpx.Response:
@@ -129,3 +151,55 @@ def test_tenants_created_through_one_replica_are_served_by_all(
     assert seconds_until([b, c], answer.json()["key"], 200) is not None
     listed = admin(c, "GET", "/admin/tenants").json()["data"]
     assert {t["id"]: t["source"] for t in listed} == {"acme": "config", "newco": "api"}
+
+
+BULK = 1000
+
+
+def test_concurrent_requests_over_the_replicas_leave_one_postgres_row_each(fleet: Fleet) -> None:
+    answers = asyncio.run(_bulk(fleet.gateways))
+    assert answers == [200] * BULK
+    sent = [r.json for r in list(fleet.upstream.requests) if "bulk-" in str(r.json)]
+    assert len(sent) == BULK  # each request reached the upstream once
+    expected = [usage_for(body or {}) for body in sent]
+    rows = _ledger_rows(fleet.dsn)
+    assert len(rows) == BULK and len({row[0] for row in rows}) == BULK
+    assert sum(row[1] for row in rows) == sum(u["prompt_tokens"] for u in expected)
+    assert sum(row[2] for row in rows) == sum(u["completion_tokens"] for u in expected)
+
+
+async def _bulk(gateways: list[GatewayProcess]) -> list[int]:
+    """``BULK`` requests, round-robin over the replicas, at most 100 in flight."""
+    limit = asyncio.Semaphore(100)
+    headers = {"authorization": f"Bearer {ADMIN}"}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
+
+        async def one(i: int) -> int:
+            gateway = gateways[i % len(gateways)]
+            content = f"bulk-{i} " + "x" * (i % 37)  # token counts differ per request
+            body = {"model": "bulk", "messages": [{"role": "user", "content": content}]}
+            async with limit:
+                answer = await client.post(
+                    gateway.base_url + "/chat/completions",
+                    json=body,
+                    headers={"x-request-id": f"bulk-{i}"},
+                )
+            return answer.status_code
+
+        return list(await asyncio.gather(*(one(i) for i in range(BULK))))
+
+
+def _ledger_rows(dsn: str) -> list[tuple[str, int, int]]:
+    """(request_id, prompt, completion tokens) of the bulk requests' rows; waits up to a
+    few seconds for the last group commits."""
+    query = (
+        f"SELECT request_id, prompt_tokens, completion_tokens FROM {TABLE}"
+        " WHERE client_request_id LIKE 'bulk-%'"
+    )
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        with psycopg.connect(dsn) as conn:
+            rows = [(str(a), int(b), int(c)) for a, b, c in conn.execute(query).fetchall()]
+        if len(rows) >= BULK or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)
