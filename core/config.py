@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 
 from core.config_batch import BatchConfig
 from core.config_control import ControlConfig
+from core.config_discovery import DiscoveryConfig, discovery_problem
 from core.config_idempotency import IdempotencyConfig
 from core.config_observability import ObservabilityConfig
 from core.config_routing import (
@@ -73,6 +74,13 @@ class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True
     local: bool = True
     saturation: SaturationConfig = SaturationConfig()
     block_size: PositiveInt = 16  # the worker's KV block size, for prefix hashing
+    # base_url's host is a DNS name whose A/AAAA records are the replicas (None: one URL)
+    discovery: DiscoveryConfig | None = None
+
+    def __post_init__(self) -> None:
+        problem = discovery_problem(self.base_url, self.metrics_url) if self.discovery else None
+        if problem:
+            raise ValueError(problem)
 
 
 class AnthropicProviderConfig(ProviderBase, tag="anthropic", tag_field="type", frozen=True):

@@ -21,10 +21,13 @@ class Target(Struct, frozen=True, kw_only=True):
     price: Price | None = None
     local: bool = False
     max_context: int | None = None
+    replica: str | None = None  # the address of a discovered replica of ``provider_name``
 
     @property
     def label(self) -> str:
-        return f"{self.provider_name}/{self.model}"
+        if self.replica is None:
+            return f"{self.provider_name}/{self.model}"
+        return f"{self.provider_name}@{self.replica}/{self.model}"
 
 
 class Skipped(Struct, frozen=True):

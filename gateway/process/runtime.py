@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -31,6 +31,7 @@ from core.errors import ModelNotFoundError
 from core.protocols import Provider, Timeouts
 from core.tenancy import Principal
 from gateway.process.target_prices import resolve_target_price
+from local_tier.discovery import dns_name, replica_config, replica_name
 from policies.auth import Authenticator
 from policies.quotas import QuotaManager
 from policies.quotas.releases import PendingReleases
@@ -103,6 +104,18 @@ def build_provider(
     raise TypeError(f"unknown provider config {type(config).__name__}")
 
 
+def _instances(
+    name: str, config: ProviderConfig, replicas: Mapping[str, Sequence[str]]
+) -> Iterator[tuple[str, str | None, ProviderConfig]]:
+    """(provider name, replica address, its config) for each instance of provider ``name``:
+    itself, or for a discovered one each address its DNS name has (maybe none)."""
+    if not isinstance(config, VllmProviderConfig) or config.discovery is None:
+        yield name, None, config
+        return
+    for address in replicas.get(dns_name(config), ()):
+        yield replica_name(name, address), address, replica_config(config, address)
+
+
 def _timeouts(config: ProviderConfig) -> Timeouts:
     return Timeouts(
         connect=config.connect_timeout_s,
@@ -117,7 +130,12 @@ class Runtime:
 
     ``previous`` is the snapshot being replaced: providers whose config (and key) did not
     change are carried over as they are (a local model is not reloaded); the ones left
-    behind are listed in ``retired`` for the caller to close once requests drain."""
+    behind are listed in ``retired`` for the caller to close once requests drain.
+
+    ``replicas`` maps each DNS name discovered providers use to its addresses
+    (local_tier/discovery.py); None keeps the previous snapshot's, so a reload never waits
+    for DNS. A discovered provider is one provider per address (``<name>@<address>``) and
+    each of its targets one target per replica; with no address its targets are skipped."""
 
     def __init__(
         self,
@@ -129,6 +147,7 @@ class Runtime:
         *,
         stores: Stores,
         clock: Clock | None = None,
+        replicas: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.config = config
         self.env = os.environ if env is None else env
@@ -151,22 +170,22 @@ class Runtime:
             alias: hashlib.blake2b(msgspec.json.encode(model.targets), digest_size=8).hexdigest()
             for alias, model in config.models.items()
         }
+        if replicas is None:
+            replicas = previous.replicas if previous else {}
+        self.replicas: dict[str, tuple[str, ...]] = {
+            dns_name(c): tuple(replicas.get(dns_name(c), ()))
+            for c in config.providers.values()
+            if isinstance(c, VllmProviderConfig) and c.discovery is not None
+        }
         self.providers: dict[str, Provider] = {}
         self.disabled: list[DisabledProvider] = []
         self._fresh: list[Provider] = []
         self._keys: dict[str, str | None] = {}
+        self._configs: dict[str, ProviderConfig] = {}  # each provider's own config
+        # configured name -> its instances: (provider name, replica address or None)
+        self._instances: dict[str, list[tuple[str, str | None]]] = {}
         for name, provider_config in config.providers.items():
-            key, problem = _api_key(provider_config, self.env)
-            if problem:
-                self.disabled.append(DisabledProvider(name, problem))
-                _log.warning("provider.disabled", provider=name, reason=problem)
-                continue
-            self._keys[name] = key
-            reused = previous._reusable(name, provider_config, key) if previous else None
-            if reused is None:
-                reused = build_provider(name, provider_config, client, key, progress)
-                self._fresh.append(reused)
-            self.providers[name] = reused
+            self._build(name, provider_config, client, progress, previous)
         kept = {id(p) for p in self.providers.values()}
         self.retired = [
             p for p in (previous.providers.values() if previous else ()) if id(p) not in kept
@@ -176,12 +195,48 @@ class Runtime:
         for alias, model in config.models.items():
             self._resolve(alias, model.targets)
 
+    def _build(
+        self,
+        name: str,
+        config: ProviderConfig,
+        client: httpx.AsyncClient,
+        progress: Progress | None,
+        previous: Runtime | None,
+    ) -> None:
+        """The provider(s) of configured provider ``name``, carried over where unchanged."""
+        key, problem = _api_key(config, self.env)
+        if problem:
+            self.disabled.append(DisabledProvider(name, problem))
+            _log.warning("provider.disabled", provider=name, reason=problem)
+            return
+        self._instances[name] = []
+        for instance, address, instance_config in _instances(name, config, self.replicas):
+            reused = previous._reusable(instance, instance_config, key) if previous else None
+            if reused is None:
+                reused = build_provider(instance, instance_config, client, key, progress)
+                self._fresh.append(reused)
+            self.providers[instance] = reused
+            self._configs[instance] = instance_config
+            self._keys[instance] = key
+            self._instances[name].append((instance, address))
+
     def _reusable(self, name: str, config: ProviderConfig, key: str | None) -> Provider | None:
         """This snapshot's provider ``name`` if it was built from the same config and key."""
-        mine = self.config.providers.get(name)
+        mine = self._configs.get(name)
         if name in self.providers and mine == config and self._keys.get(name) == key:
             return self.providers[name]
         return None
+
+    def config_of(self, target: Target) -> ProviderConfig:
+        """The config ``target``'s provider was built from (a discovered replica's has its
+        address in ``base_url``)."""
+        name = target.provider_name
+        return self._configs[replica_name(name, target.replica) if target.replica else name]
+
+    def labels(self) -> list[str]:
+        """Every target's label, once (aliases may share a target)."""
+        labels = (t.label for targets in self.targets.values() for t in targets)
+        return list(dict.fromkeys(labels))
 
     def _resolve(self, alias: str, configured: list[TargetConfig]) -> None:
         reasons = {d.name: d.reason for d in self.disabled}
@@ -191,26 +246,42 @@ class Runtime:
             if name in reasons:
                 skipped.append(Skipped(f"{name}/{entry.model}", reasons[name]))
                 continue
-            provider_config = self.config.providers[name]
-            provider = self.providers[name]
-            price, max_context = resolve_target_price(
-                alias, entry, provider_config, provider.capabilities.max_context
-            )
-            targets.append(
-                Target(
-                    alias=alias,
-                    provider_name=name,
-                    model=entry.model,
-                    provider=provider,
-                    timeouts=_timeouts(provider_config),
-                    weight=entry.weight,
-                    price=price,
-                    local=provider_config.local,
-                    max_context=max_context,
-                )
-            )
+            instances = self._instances[name]
+            if not instances:
+                skipped.append(Skipped(f"{name}/{entry.model}", self._no_replicas(name)))
+                continue
+            for instance, address in instances:
+                # the target's weight is shared by its replicas (the split between targets holds)
+                weight = entry.weight / len(instances)
+                targets.append(self._target(alias, entry, instance, address, weight))
         self.targets[alias] = targets
         self.skipped[alias] = skipped
+
+    def _target(
+        self, alias: str, entry: TargetConfig, instance: str, address: str | None, weight: float
+    ) -> Target:
+        provider_config = self._configs[instance]
+        provider = self.providers[instance]
+        price, max_context = resolve_target_price(
+            alias, entry, provider_config, provider.capabilities.max_context
+        )
+        return Target(
+            alias=alias,
+            provider_name=entry.provider,
+            model=entry.model,
+            provider=provider,
+            timeouts=_timeouts(provider_config),
+            weight=weight,
+            price=price,
+            local=provider_config.local,
+            max_context=max_context,
+            replica=address,
+        )
+
+    def _no_replicas(self, name: str) -> str:
+        config = self.config.providers[name]
+        host = dns_name(config) if isinstance(config, VllmProviderConfig) else name
+        return f"no replicas: DNS name {host} has no known address (discovery)"
 
     def plan_for(self, alias: str) -> tuple[list[Target], list[Skipped]]:
         """The targets of ``alias`` in priority order; 404 for an alias nobody configured."""

@@ -18,6 +18,7 @@ from gateway.process.control import GatewayControl, open_control
 from gateway.process.health import Trackers
 from gateway.process.runtime import Progress, Runtime, Stores
 from local_tier.capacity import CapacityMonitor, ReplicaSpec
+from local_tier.discovery import Discovery, discovered_names
 from local_tier.prefix_index import PrefixIndex
 from policies.admission import AdmissionQueue
 from policies.breaker import SharedBreakers
@@ -47,20 +48,20 @@ def open_stores(
     return Stores(shared=local, local=local, control_keys=control_keys)
 
 
-def target_labels(config: Config) -> list[str]:
-    """Every configured target's label, once (aliases may share a target)."""
-    labels = (f"{t.provider}/{t.model}" for m in config.models.values() for t in m.targets)
-    return list(dict.fromkeys(labels))
+def target_labels(runtime: Runtime) -> list[str]:
+    """Every target's label in ``runtime``, once (a discovered provider's: per replica)."""
+    return runtime.labels()
 
 
-def local_replicas(config: Config) -> dict[str, ReplicaSpec]:
-    """Every target served by a local worker, keyed by target label."""
+def local_replicas(runtime: Runtime) -> dict[str, ReplicaSpec]:
+    """Every target served by a local worker, keyed by target label (one per discovered
+    replica, with that replica's metrics URL)."""
     replicas: dict[str, ReplicaSpec] = {}
-    for model in config.models.values():
-        for target in model.targets:
-            provider = config.providers.get(target.provider)
+    for targets in runtime.targets.values():
+        for target in targets:
+            provider = runtime.config_of(target)
             if isinstance(provider, VllmProviderConfig):
-                replicas[f"{target.provider}/{target.model}"] = ReplicaSpec.from_provider(provider)
+                replicas[target.label] = ReplicaSpec.from_provider(provider)
     return replicas
 
 
@@ -119,8 +120,12 @@ class GatewayState:
         redis = shared if isinstance(shared, RedisStore) else None
         self.ledger: Ledger = open_ledger(config, redis, env=self.env, clock=self.clock)
         self.queue = AdmissionQueue(config.routing.queue, _weights(config), self.clock)
+        self.runtime = Runtime(config, self.client, self.env, progress, stores=self.stores)
+        # DNS names of discovered providers: resolved at start, then every interval_s
+        self.discovery = Discovery(self.clock, self.apply_discovery)
+        self.discovery.configure(discovered_names(config))
         capacity = CapacityMonitor(
-            local_replicas(config),
+            local_replicas(self.runtime),
             self.client,
             self.clock,
             prefix_index=PrefixIndex(_PREFIX_BLOCKS_PER_REPLICA, self.clock),
@@ -138,13 +143,10 @@ class GatewayState:
             capacity,
             load=self.shared_load,
         )
-        self.trackers.breakers.track(target_labels(config))
-        if self.shared_load is not None:
-            self.shared_load.track(target_labels(config))
+        self._track(self.runtime)
         self.goodput = GoodputMeter(self.clock)
         self.responses = ResponseCache(config.response_cache, shared, self.clock)
         self.sticky = StickyRoutes(shared, config.routing.prompt_cache.sticky_ttl_s, self.clock)
-        self.runtime = Runtime(config, self.client, self.env, progress, stores=self.stores)
         self.created = int(time.time())
         self.in_flight = InFlight()
         self._start_task: asyncio.Task[None] | None = None
@@ -154,6 +156,8 @@ class GatewayState:
         """Start providers in the background so /healthz answers while a model loads."""
         if self.control is not None:  # first: the runtime's tenants may come from it
             await self._start_control(self.control)
+        if self.discovery.names():
+            await self._start_discovery()
         self._start_task = asyncio.create_task(self._start())
         await self.trackers.capacity.start()
         await self.trackers.breakers.start()
@@ -180,6 +184,49 @@ class GatewayState:
             self.queue.set_weights(_weights(self.runtime.config))
         control.on_tenants(self.apply_control_tenants)
         self.spawn(control.refresher.run())
+
+    async def _start_discovery(self) -> None:
+        """Resolve the discovered names once (each bounded by its ``timeout_s``), rebuild
+        the not yet started runtime with the replicas found, then keep them fresh."""
+        await self.discovery.refresh()
+        self.runtime = Runtime(
+            self.runtime.config,
+            self.client,
+            self.env,
+            self.progress,
+            stores=self.stores,
+            clock=self.clock,
+            replicas=self.discovery.addresses(),
+        )
+        self._track(self.runtime)
+        self.spawn(self.discovery.run())
+
+    async def apply_discovery(self) -> None:
+        """Serve the replicas discovery knows now, when they differ from the runtime's:
+        a rebuild from the same config, swapped in as a reload is (unchanged replicas carried
+        over, dropped ones closed after the drain). A failure is logged and retried."""
+        if self.runtime.replicas == self.discovery.addresses():
+            return
+        async with self.rebuild_lock:
+            wanted = self.discovery.addresses()
+            if self.runtime.replicas == wanted:
+                return
+            try:
+                runtime = Runtime(
+                    self.runtime.config,
+                    self.client,
+                    self.env,
+                    self.progress,
+                    previous=self.runtime,
+                    stores=self.stores,
+                    clock=self.clock,
+                    replicas=wanted,
+                )
+                await runtime.start()
+            except Exception:
+                _log.exception("discovery.apply_failed")
+                return
+            await self.swap(runtime, "discovery.applied")
 
     def effective(self, config: Config) -> Config:
         """``config`` (the policy file's) with the control plane's tenants merged in."""
@@ -233,20 +280,32 @@ class GatewayState:
             return None
         return task.exception()
 
-    async def swap(self, runtime: Runtime) -> None:
+    async def swap(self, runtime: Runtime, event: str = "config.reloaded") -> None:
         """Make ``runtime`` current; requests holding the old one finish on it. Providers
-        the new one dropped are closed after the drain timeout."""
+        the new one dropped are closed after the drain timeout. ``event``: the log line."""
         old, self.runtime = self.runtime, runtime
         config = runtime.config
-        self.trackers.capacity.configure(local_replicas(config))
-        self.trackers.breakers.track(target_labels(config))
-        if self.shared_load is not None:
-            self.shared_load.track(target_labels(config))
+        self._track(runtime)
+        self.discovery.configure(discovered_names(config))
         self.queue.set_weights(_weights(config))
         if runtime.retired:
             self.spawn(_close_later(runtime, config.server.drain_timeout_s))
         await old.auth.aclose()  # its JWT key refresher; the new runtime has its own
-        _log.info("config.reloaded", models=sorted(runtime.targets), replaced=id(old))
+        _log.info(event, models=sorted(runtime.targets), replaced=id(old))
+
+    def _track(self, runtime: Runtime) -> None:
+        """Point the trackers at ``runtime``'s targets: local replicas polled (a replica
+        gone is forgotten by the prefix index too), breakers and shared load refreshed."""
+        capacity = self.trackers.capacity
+        replicas = local_replicas(runtime)
+        if capacity.prefix_index is not None:
+            for label in set(capacity.labels()) - set(replicas):
+                capacity.prefix_index.forget(label)
+        capacity.configure(replicas)
+        labels = target_labels(runtime)
+        self.trackers.breakers.track(labels)
+        if self.shared_load is not None:
+            self.shared_load.track(labels)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background (cancelled at shutdown)."""

@@ -52,7 +52,7 @@ class StateCollector(Collector):
 
     def _breakers(self) -> Iterator[Metric]:
         breakers = self._state.trackers.breakers
-        labels = target_labels(self._state.runtime.config)
+        labels = target_labels(self._state.runtime)
         current = GaugeMetricFamily(
             "switchyard_breaker_state",
             "Circuit breaker state per target: 1 for the state it is in, 0 for the others.",
@@ -79,7 +79,7 @@ class StateCollector(Collector):
             "Calls the gateway has open at each target (all replicas when state is shared).",
             labels=["target"],
         )
-        for label in target_labels(self._state.runtime.config):
+        for label in target_labels(self._state.runtime):
             gauge.add_metric([label], float(load.count(label)))
         yield gauge
 
