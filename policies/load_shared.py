@@ -196,10 +196,14 @@ class SharedTargetLoad:
         return KEY_PREFIX + label
 
     def track(self, labels: Iterable[str]) -> None:
-        """Read these labels from now on (the gateway passes every configured label, so a
-        target this replica never used still shows what the others hold there)."""
-        for label in labels:
-            self._labels[label] = None
+        """Read exactly these labels from now on, and those this process still holds calls
+        on or has yet to publish (the gateway passes every label of each new runtime, so a
+        target this replica never used still shows what the others hold there, and one that
+        discovery removed stops being read once its calls here ended and were published)."""
+        # held here, or left since the last publish (its zero must still be published)
+        held = [k for k in self._labels if self._local.count(k) or k in self._dirty]
+        self._labels = dict.fromkeys([*labels, *held])
+        self._others = {k: v for k, v in self._others.items() if k in self._labels}
 
     # The request path: no I/O.
 

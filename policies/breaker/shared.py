@@ -90,9 +90,15 @@ class SharedBreakers:
         return machine
 
     def track(self, labels: Iterable[str]) -> None:
-        """Refresh these targets from now on (the gateway passes every configured label at
-        startup, so the first request already sees breakers other replicas opened)."""
-        for label in labels:
+        """Refresh exactly these targets from now on (the gateway passes every label of each
+        new runtime, so the first request already sees breakers other replicas opened, and a
+        replica that discovery removed is no longer read). A label dropped here comes back
+        with its next attempt (one still running on a retired runtime)."""
+        wanted = set(labels)
+        for label in list(self._machines):
+            if label not in wanted:
+                del self._machines[label]
+        for label in wanted:
             self._machine(label)
 
     def state(self, label: str) -> BreakerState:

@@ -387,3 +387,22 @@ async def test_writes_are_ordered_and_batched_one_in_flight_per_target():
     await breakers.flush()
     fields = store.data.get("breaker:x/m")
     assert fields["c"] == 0 and breakers.state("x/m") == "closed"
+
+
+async def test_track_replaces_the_targets_refreshed():
+    """Discovery removes replicas: their breakers stop being read from the store."""
+    clock = FakeClock()
+    read: list[list[str]] = []
+
+    class KeyLog(MemoryStore):
+        async def run(self, script, keys, args):
+            read.append(list(keys))
+            return await super().run(script, keys, args)
+
+    breakers = SharedBreakers(FAST, KeyLog(clock), clock)
+    breakers.track(["pool@10.0.0.1/m", "pool@10.0.0.2/m"])
+    await breakers.refresh()
+    assert len(read[-1]) == 2
+    breakers.track(["pool@10.0.0.1/m"])
+    await breakers.refresh()
+    assert read[-1] == [breakers.key("pool@10.0.0.1/m")]

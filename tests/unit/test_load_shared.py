@@ -269,3 +269,32 @@ def test_constructor_validates_its_arguments(store, clock):
         SharedTargetLoad(store, clock, "a b")
     assert default_replica_id() != default_replica_id()
     assert " " not in default_replica_id()
+
+
+class KeyLog(MemoryStore):
+    """A memory store that remembers the keys each script read."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.keys: list[list[str]] = []
+
+    async def run(self, script, keys, args):
+        self.keys.append(list(keys))
+        return await super().run(script, keys, args)
+
+
+async def test_track_replaces_the_labels_read_but_keeps_those_still_held(clock):
+    store = KeyLog(clock)
+    load = replica(store, clock, "a")
+    load.track([LABEL, "gone/m"])
+    load.enter("gone/m")  # a call still running on a replica that discovery removed
+    load.track([LABEL])
+    await load.sync()
+    assert set(store.keys[-1]) == {SharedTargetLoad.key(LABEL), SharedTargetLoad.key("gone/m")}
+    load.leave("gone/m")
+    load.track([LABEL])
+    await load.sync()  # publishes gone/m's zero once
+    assert SharedTargetLoad.key("gone/m") in store.keys[-1]
+    load.track([LABEL])
+    await load.sync()
+    assert store.keys[-1] == [SharedTargetLoad.key(LABEL)]  # no longer read
