@@ -13,6 +13,7 @@ PositiveFloat = Annotated[float, Meta(gt=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 Ratio = Annotated[float, Meta(ge=0, le=1)]
 Window = Annotated[str, Meta(pattern=r"^[1-9][0-9]*[smhd]$")]
+EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
 
@@ -72,12 +73,20 @@ def url_problem(url: str) -> str | None:
 class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """How batches are stored and run.
 
-    ``path``, ``max_file_bytes`` and the store apply at start; the runner reads the rest
-    from the current runtime, so a reload changes them for the next claim.
+    The store's settings (``backend`` to ``retry_interval_s``) and ``max_file_bytes`` apply
+    at start; the runner reads the rest from the current runtime, so a reload changes them
+    for the next claim.
 
-    - ``path``: the job store's SQLite file (files, batches, items). None: a file named
-      ``switchyard-batches.sqlite3`` in the ledger file's folder. Replicas that share it
-      share the work; relative paths start at the policy file.
+    - ``backend``: where the job store lives: ``sqlite`` (one host) or ``postgres`` (a
+      fleet). Replicas on the same store share the work.
+    - ``path`` (sqlite): the store's file (files, batches, items). None: a file named
+      ``switchyard-batches.sqlite3`` in the ledger file's folder; relative paths start at
+      the policy file.
+    - ``dsn`` / ``dsn_env`` (postgres, one of them): the database's DSN, or the name of
+      the environment variable holding it (keeps a password out of the file).
+    - ``timeout_s`` (postgres): the longest a connection may take to open.
+    - ``retry_interval_s`` (postgres): after the database was found unreachable, calls
+      fail at once (503) for this long before one tries again.
     - ``max_file_bytes`` / ``max_requests``: the largest upload and the most request lines
       one input file may hold (OpenAI's: 200 MB, 50,000).
     - ``concurrency``: batch items one gateway runs at once.
@@ -109,7 +118,12 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     - ``webhook_timeout_s``: how long one attempt may take, connect to status line.
     """
 
+    backend: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = None
+    dsn: str | None = None
+    dsn_env: EnvName | None = None
+    timeout_s: PositiveFloat = 5.0
+    retry_interval_s: PositiveFloat = 1.0
     max_file_bytes: PositiveInt = 200 * 1024 * 1024
     max_requests: PositiveInt = 50_000
     concurrency: PositiveInt = 4
@@ -127,6 +141,28 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     webhook_retry_base_s: PositiveFloat = 5.0
     webhook_max_retry_delay_s: PositiveFloat = 6 * 3600.0
     webhook_timeout_s: PositiveFloat = 15.0
+
+    def __post_init__(self) -> None:
+        problem = self._store_problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def _store_problem(self) -> str | None:
+        given = [name for name in ("dsn", "dsn_env") if getattr(self, name)]
+        if self.backend == "sqlite":
+            if given:
+                return f"`{given[0]}`: only backend postgres uses it"
+            return None
+        if not given:
+            return (
+                "backend postgres needs `dsn`, or `dsn_env` (the name of an environment"
+                " variable holding the DSN, e.g. SWITCHYARD_BATCH_DSN)"
+            )
+        if len(given) == 2:
+            return "give `dsn` or `dsn_env`, not both"
+        if self.path is not None:
+            return "`path`: only backend sqlite uses it (the postgres store is the database)"
+        return None
 
 
 def window_seconds(window: str) -> int | None:

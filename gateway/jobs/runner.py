@@ -47,10 +47,11 @@ from gateway.jobs.inprocess import Answer, call_app, internal_failure
 from gateway.jobs.webhooks import WebhookSender
 from gateway.process.state import GatewayState
 from gateway.request.batch import BatchCaller, local_first
-from policies.jobs import JobStore, jobs_path
+from policies.jobs import JobStore, job_store
 from policies.jobs.objects import answered_line
 from policies.jobs.usage import item_usage, requested_model
 from policies.jobs.work import Claim
+from policies.store.base import StoreUnavailableError
 
 _log = structlog.get_logger("switchyard")
 RETRY_STATUSES = frozenset({429, 503})  # refused for now: the item is tried again later
@@ -105,10 +106,18 @@ class BatchRunner:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        released = await self.store.release(self.owner)
-        if released:
-            _log.info("batch.released", items=released)
-        await sender
+        # A store that cannot be reached now must not stop the shutdown (the state's own
+        # drain comes after): what this runner holds comes back when its leases run out.
+        try:
+            released = await self.store.release(self.owner)
+            if released:
+                _log.info("batch.released", items=released)
+        except StoreUnavailableError as exc:
+            _log.warning("batch.release_failed", error=str(exc))
+        try:
+            await sender
+        except StoreUnavailableError as exc:
+            _log.warning("batch.webhooks_release_failed", error=str(exc))
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -246,10 +255,14 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> None:
 
 
 async def open_jobs(app: Any, state: GatewayState) -> BatchRunner:
-    """Open the job store the config names and start this process's runner."""
-    config = state.runtime.config
-    store = JobStore(jobs_path(config), state.clock, retention_s=config.batch.retention_s)
-    await store.open()
+    """Open the job store the config names and start this process's runner. A Postgres
+    store that cannot be reached now is logged, not fatal: the routes answer 503 and the
+    runner retries until it is back."""
+    store = job_store(state.runtime.config, state.clock, state.env)
+    try:
+        await store.open()
+    except StoreUnavailableError:
+        _log.warning("batch.store_unavailable_at_start")  # the store logged why
     runner = BatchRunner(app, state, store)
     runner.start()
     return runner

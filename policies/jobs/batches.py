@@ -14,7 +14,6 @@ event in the same transaction (``outbox.enqueue``), for the webhooks given.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from core.config_batch import WebhookConfig
 from core.errors import InvalidRequestError
 from core.tenancy import Principal
 from policies.jobs import outbox
+from policies.jobs.db import Db
 from policies.jobs.errors import ConflictError, no_batch, no_file
 from policies.jobs.files import UnknownCursor
 from policies.jobs.jsonl import Request
@@ -37,7 +37,6 @@ from policies.jobs.objects import (
     RequestCounts,
     new_id,
 )
-from policies.jobs.schema import write
 from policies.jobs.usage import batch_usage
 
 _COLUMNS = (
@@ -96,15 +95,15 @@ def _batch(row: Any) -> Batch:
     )
 
 
-def get_batch(conn: sqlite3.Connection, tenant: str, batch_id: str) -> Batch | None:
-    row = conn.execute(
+def get_batch(db: Db, tenant: str, batch_id: str) -> Batch | None:
+    row = db.execute(
         f"SELECT {_COLUMNS} FROM batches WHERE tenant = ? AND id = ?", (tenant, batch_id)
     ).fetchone()
     return None if row is None else _batch(row)
 
 
 def create_batch(
-    conn: sqlite3.Connection,
+    db: Db,
     principal: Principal,
     body: BatchCreate,
     *,
@@ -115,8 +114,8 @@ def create_batch(
     expired), 400 when it was not uploaded for batches."""
     tenant, batch_id = tenant_key(principal), new_id("batch_")
     expires = body.output_expires_after
-    with write(conn):
-        file = conn.execute(
+    with db.write():
+        file = db.execute(
             "SELECT purpose FROM files WHERE tenant = ? AND id = ?"
             " AND (expires_at IS NULL OR expires_at > ?)",
             (tenant, body.input_file_id, now),
@@ -125,7 +124,7 @@ def create_batch(
             raise no_file(body.input_file_id, "input_file_id")
         if file[0] != FILE_PURPOSE:
             raise _wrong_purpose(body.input_file_id, file[0])
-        conn.execute(
+        db.execute(
             "INSERT INTO batches (id, tenant, key_id, via, endpoint, input_file_id,"
             " completion_window, status, metadata, output_expires_s, created_at, expires_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
@@ -143,7 +142,7 @@ def create_batch(
                 int(now) + window_s,
             ),
         )
-    batch = get_batch(conn, tenant, batch_id)
+    batch = get_batch(db, tenant, batch_id)
     assert batch is not None
     return batch
 
@@ -156,20 +155,18 @@ def _wrong_purpose(file_id: str, purpose: str) -> InvalidRequestError:
     )
 
 
-def list_batches(
-    conn: sqlite3.Connection, tenant: str, *, after: str | None = None, limit: int = 20
-) -> BatchList:
+def list_batches(db: Db, tenant: str, *, after: str | None = None, limit: int = 20) -> BatchList:
     """One page of the tenant's batches, newest first."""
     where, params = ["tenant = ?"], [tenant]
     if after is not None:
-        seq = conn.execute(
+        seq = db.execute(
             "SELECT seq FROM batches WHERE tenant = ? AND id = ?", (tenant, after)
         ).fetchone()
         if seq is None:
             raise UnknownCursor(after)
         where.append("seq < ?")
         params.append(seq[0])
-    rows = conn.execute(
+    rows = db.execute(
         f"SELECT {_COLUMNS} FROM batches WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT ?",
         (*params, limit + 1),
     ).fetchall()
@@ -183,7 +180,7 @@ def list_batches(
 
 
 def cancel_batch(
-    conn: sqlite3.Connection,
+    db: Db,
     tenant: str,
     batch_id: str,
     *,
@@ -195,21 +192,24 @@ def cancel_batch(
     queued); one in progress turns ``cancelling`` (its pending items are dropped by the
     next finalize pass, its running ones finish). Cancelling again is a no-op; a batch
     that ended is a 409."""
-    with write(conn):
-        row = conn.execute(
-            "SELECT status FROM batches WHERE tenant = ? AND id = ?", (tenant, batch_id)
+    with db.write():
+        # locked (Postgres): a runner starting the batch meanwhile finishes first, so a
+        # batch that just went in_progress is cancelled as one, never left half-started
+        row = db.execute(
+            f"SELECT status FROM batches WHERE tenant = ? AND id = ?{db.lock()}",
+            (tenant, batch_id),
         ).fetchone()
         if row is None:
             raise no_batch(batch_id)
         status = row[0]
         if status == "validating":
-            conn.execute(
+            db.execute(
                 "UPDATE batches SET status = 'cancelled', cancelling_at = ?, cancelled_at = ?,"
                 " delete_at = ? WHERE id = ?",
                 (int(now), int(now), now + retention_s, batch_id),
             )
             outbox.enqueue(
-                conn,
+                db,
                 webhooks,
                 tenant=tenant,
                 batch_id=batch_id,
@@ -217,21 +217,21 @@ def cancel_batch(
                 at=now,
             )
         elif status == "in_progress":
-            conn.execute(
+            db.execute(
                 "UPDATE batches SET status = 'cancelling', cancelling_at = ?,"
                 " closing = 'cancelled' WHERE id = ?",
                 (int(now), batch_id),
             )
         elif status not in ("cancelling", "cancelled"):
             raise ConflictError(f"Cannot cancel a batch with status '{status}'.", param="batch_id")
-    batch = get_batch(conn, tenant, batch_id)
+    batch = get_batch(db, tenant, batch_id)
     assert batch is not None
     return batch
 
 
-def validating(conn: sqlite3.Connection, limit: int) -> list[Pending]:
+def validating(db: Db, limit: int) -> list[Pending]:
     """The oldest batches waiting for validation (any tenant: the runner's view)."""
-    rows = conn.execute(
+    rows = db.execute(
         "SELECT id, tenant, key_id, via, endpoint, input_file_id FROM batches"
         " WHERE status = 'validating' ORDER BY seq LIMIT ?",
         (limit,),
@@ -249,7 +249,7 @@ def validating(conn: sqlite3.Connection, limit: int) -> list[Pending]:
 
 
 def start_batch(
-    conn: sqlite3.Connection,
+    db: Db,
     pending: Pending,
     requests: Sequence[Request],
     now: float,
@@ -258,21 +258,21 @@ def start_batch(
     """validating -> in_progress with one pending item per request (and
     ``batch.in_progress`` queued), in one transaction; False when the batch is no longer
     validating (cancelled, or another runner won)."""
-    with write(conn):
-        cursor = conn.execute(
+    with db.write():
+        cursor = db.execute(
             "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?"
             " WHERE id = ? AND status = 'validating'",
             (int(now), len(requests), pending.id),
         )
         if cursor.rowcount != 1:
             return False
-        conn.executemany(
+        db.executemany(
             "INSERT INTO items (batch_id, line, tenant, custom_id, body, state)"
             " VALUES (?, ?, ?, ?, ?, 'pending')",
             [(pending.id, r.line, pending.tenant, r.custom_id, r.body) for r in requests],
         )
         outbox.enqueue(
-            conn,
+            db,
             webhooks,
             tenant=pending.tenant,
             batch_id=pending.id,
@@ -283,7 +283,7 @@ def start_batch(
 
 
 def fail_batch(
-    conn: sqlite3.Connection,
+    db: Db,
     batch_id: str,
     errors: Sequence[BatchError],
     *,
@@ -294,21 +294,21 @@ def fail_batch(
     """validating -> failed with ``errors`` (and ``batch.failed`` queued); False when it
     was no longer validating."""
     payload = _encode(BatchErrors(data=list(errors)))
-    with write(conn):
-        rows = conn.execute(  # fetchall: a RETURNING statement must run to its end
+    with db.write():
+        rows = db.execute(  # fetchall: a RETURNING statement must run to its end
             "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, delete_at = ?"
             " WHERE id = ? AND status = 'validating' RETURNING tenant",
             (int(now), payload, now + retention_s, batch_id),
         ).fetchall()
         for (tenant,) in rows:
             outbox.enqueue(
-                conn, webhooks, tenant=tenant, batch_id=batch_id, event="batch.failed", at=now
+                db, webhooks, tenant=tenant, batch_id=batch_id, event="batch.failed", at=now
             )
     return bool(rows)
 
 
 def expire_due(
-    conn: sqlite3.Connection,
+    db: Db,
     *,
     now: float,
     retention_s: float,
@@ -317,22 +317,22 @@ def expire_due(
     """Batches past their completion window: one still validating expires at once
     (``batch.expired`` queued); one in progress stops taking work (``closing``) and expires
     when its running items settle. Returns how many were touched."""
-    with write(conn):
-        expired = conn.execute(
+    with db.write():
+        expired = db.execute(
             "UPDATE batches SET status = 'expired', expired_at = ?, delete_at = ?"
             " WHERE status = 'validating' AND expires_at <= ? RETURNING id, tenant",
             (int(now), now + retention_s, now),
         ).fetchall()
         for batch_id, tenant in expired:
             outbox.enqueue(
-                conn,
+                db,
                 webhooks,
                 tenant=tenant,
                 batch_id=batch_id,
                 event="batch.expired",
                 at=now,
             )
-        closing = conn.execute(
+        closing = db.execute(
             "UPDATE batches SET closing = 'expired'"
             " WHERE status = 'in_progress' AND closing IS NULL AND expires_at <= ?"
             " AND completed + failed < total",

@@ -3,7 +3,8 @@ rendered in OpenAI's shape like every other ``GatewayError``."""
 
 from __future__ import annotations
 
-from core.errors import GatewayError
+from core.errors import GatewayError, ServiceUnavailableError
+from policies.store.base import StoreUnavailableError
 
 
 class NotFoundError(GatewayError):
@@ -29,3 +30,13 @@ def no_file(file_id: str, param: str = "file_id") -> NotFoundError:
 
 def no_batch(batch_id: str) -> NotFoundError:
     return NotFoundError(f"No batch found with id '{batch_id}'.", param="batch_id")
+
+
+class JobStoreUnavailableError(ServiceUnavailableError, StoreUnavailableError):
+    """The job store's database cannot be reached now (Postgres down, restarting, a
+    standby after a failover). A ``GatewayError``, so every route that touches the store
+    answers 503 in OpenAI's shape with ``retry-after``; a ``StoreUnavailableError``, so code
+    that handles shared-state outages recognises it. Nothing was written. ``reason`` (for
+    logs only: it names the database's host) says what failed."""
+
+    reason: str = ""

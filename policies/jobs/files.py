@@ -4,11 +4,10 @@ for readers at once, before the sweep deletes it."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Literal
 
+from policies.jobs.db import Db
 from policies.jobs.objects import FileList, FileObject, new_id
-from policies.jobs.schema import write
 
 _COLUMNS = "id, bytes, created_at, filename, purpose, expires_at"
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
@@ -31,7 +30,7 @@ def _file(row: Any) -> FileObject:
 
 
 def insert_file(
-    conn: sqlite3.Connection,
+    db: Db,
     *,
     tenant: str,
     filename: str,
@@ -40,9 +39,11 @@ def insert_file(
     created_at: int,
     expires_at: int | None,
 ) -> FileObject:
-    """Insert a file (inside the caller's transaction) and return its object."""
+    """Insert a file (inside the caller's transaction) and return its object. A NUL in
+    ``filename`` becomes U+FFFD (no database text holds NUL), on every backend alike."""
     file_id = new_id("file-")
-    conn.execute(
+    filename = filename.replace("\x00", "\ufffd")
+    db.execute(
         "INSERT INTO files (id, tenant, filename, purpose, bytes, created_at, expires_at,"
         " content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (file_id, tenant, filename, purpose, len(content), created_at, expires_at, content),
@@ -58,7 +59,7 @@ def insert_file(
 
 
 def add_file(
-    conn: sqlite3.Connection,
+    db: Db,
     *,
     tenant: str,
     filename: str,
@@ -67,9 +68,9 @@ def add_file(
     now: float,
     expires_at: int | None,
 ) -> FileObject:
-    with write(conn):
+    with db.write():
         return insert_file(
-            conn,
+            db,
             tenant=tenant,
             filename=filename,
             purpose=purpose,
@@ -79,18 +80,16 @@ def add_file(
         )
 
 
-def get_file(conn: sqlite3.Connection, tenant: str, file_id: str, now: float) -> FileObject | None:
-    row = conn.execute(
+def get_file(db: Db, tenant: str, file_id: str, now: float) -> FileObject | None:
+    row = db.execute(
         f"SELECT {_COLUMNS} FROM files WHERE tenant = ? AND id = ? AND {_LIVE}",
         (tenant, file_id, now),
     ).fetchone()
     return None if row is None else _file(row)
 
 
-def file_content(
-    conn: sqlite3.Connection, tenant: str, file_id: str, now: float
-) -> tuple[FileObject, bytes] | None:
-    row = conn.execute(
+def file_content(db: Db, tenant: str, file_id: str, now: float) -> tuple[FileObject, bytes] | None:
+    row = db.execute(
         f"SELECT {_COLUMNS}, content FROM files WHERE tenant = ? AND id = ? AND {_LIVE}",
         (tenant, file_id, now),
     ).fetchone()
@@ -98,7 +97,7 @@ def file_content(
 
 
 def list_files(
-    conn: sqlite3.Connection,
+    db: Db,
     tenant: str,
     now: float,
     *,
@@ -113,7 +112,7 @@ def list_files(
         where.append("purpose = ?")
         params.append(purpose)
     if after is not None:
-        seq = conn.execute(
+        seq = db.execute(
             "SELECT seq FROM files WHERE tenant = ? AND id = ?", (tenant, after)
         ).fetchone()
         if seq is None:
@@ -121,7 +120,7 @@ def list_files(
         where.append("seq > ?" if order == "asc" else "seq < ?")
         params.append(seq[0])
     direction = "ASC" if order == "asc" else "DESC"
-    rows = conn.execute(
+    rows = db.execute(
         f"SELECT {_COLUMNS} FROM files WHERE {' AND '.join(where)}"
         f" ORDER BY seq {direction} LIMIT ?",
         (*params, limit + 1),
@@ -135,9 +134,9 @@ def list_files(
     )
 
 
-def delete_file(conn: sqlite3.Connection, tenant: str, file_id: str, now: float) -> bool:
-    with write(conn):
-        cursor = conn.execute(
+def delete_file(db: Db, tenant: str, file_id: str, now: float) -> bool:
+    with db.write():
+        cursor = db.execute(
             f"DELETE FROM files WHERE tenant = ? AND id = ? AND {_LIVE}", (tenant, file_id, now)
         )
         return cursor.rowcount == 1

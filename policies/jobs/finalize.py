@@ -5,23 +5,23 @@ files, set the final status; and the retention sweep.
 output file (the ``done`` items' lines, in input order) and the error file (the
 ``failed`` ones'), sets the final status with ``finalizing_at`` and the end time, and
 deletes the items, and queues the batch's webhook event (``outbox``). So a crash never
-leaves a half-written batch or a lost event, a second replica that
-races for the same batch finds it already final and does nothing, and a result is never
-in two places. (``finalizing`` is therefore never seen from outside on this store: the
-files are written inside the transaction that would have left it.)
+leaves a half-written batch or a lost event, a second replica that races for the same
+batch (on Postgres it waits for the batch's row lock) finds it already final and does
+nothing, and a result is never in two places. (``finalizing`` is therefore never seen
+from outside on this store: the files are written inside the transaction that would have
+left it.)
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import Literal
 
 from core.config_batch import WebhookConfig
 from policies.jobs import outbox
+from policies.jobs.db import Db
 from policies.jobs.files import insert_file
 from policies.jobs.objects import OUTPUT_PURPOSE, dropped_line
-from policies.jobs.schema import write
 
 # closing -> (final status, the column that records when it ended)
 _FINAL: dict[str | None, tuple[str, str]] = {
@@ -31,41 +31,47 @@ _FINAL: dict[str | None, tuple[str, str]] = {
 }
 
 
-def drop_stopped(conn: sqlite3.Connection, *, now: float) -> int:
+def drop_stopped(db: Db, *, now: float) -> int:
     """In batches that are cancelling or expiring, fail every item that is pending or
     whose lease ran out (its runner is gone) with ``batch_cancelled`` / ``batch_expired``;
-    items running under a live lease finish. Returns how many were dropped."""
+    items running under a live lease finish. One transaction per batch; returns how many
+    items were dropped."""
+    stopping = db.execute(
+        "SELECT id, closing FROM batches"
+        " WHERE status IN ('in_progress', 'cancelling') AND closing IS NOT NULL ORDER BY seq"
+    ).fetchall()
     dropped = 0
-    with write(conn):
-        stopping = conn.execute(
-            "SELECT id, closing FROM batches"
-            " WHERE status IN ('in_progress', 'cancelling') AND closing IS NOT NULL"
-        ).fetchall()
-        for batch_id, closing in stopping:
-            why: Literal["cancelled", "expired"] = (
-                "cancelled" if closing == "cancelled" else "expired"
-            )
-            rows = conn.execute(
-                "SELECT line, custom_id FROM items WHERE batch_id = ?"
-                " AND state IN ('pending', 'running')"
-                " AND (state = 'pending' OR lease_until < ?)",
-                (batch_id, now),
-            ).fetchall()
-            conn.executemany(
-                "UPDATE items SET state = 'failed', result = ?, owner = NULL,"
-                " lease_until = NULL WHERE batch_id = ? AND line = ?",
-                [(dropped_line(custom_id, why), batch_id, line) for line, custom_id in rows],
-            )
-            conn.execute(
-                "UPDATE batches SET failed = failed + ? WHERE id = ?", (len(rows), batch_id)
-            )
-            dropped += len(rows)
+    for batch_id, closing in stopping:
+        why: Literal["cancelled", "expired"] = "cancelled" if closing == "cancelled" else "expired"
+        dropped += _drop(db, batch_id, why, now)
     return dropped
 
 
-def settled(conn: sqlite3.Connection) -> list[str]:
+def _drop(db: Db, batch_id: str, why: Literal["cancelled", "expired"], now: float) -> int:
+    with db.write():
+        # Locked in line order (Postgres): a replica dropping the same batch waits, then
+        # finds these rows failed and leaves them, so each is counted once; a row a runner
+        # is finishing right now is waited for and left alone if it finished.
+        rows = db.execute(
+            "SELECT line, custom_id FROM items WHERE batch_id = ?"
+            " AND state IN ('pending', 'running')"
+            f" AND (state = 'pending' OR lease_until < ?) ORDER BY line{db.lock()}",
+            (batch_id, now),
+        ).fetchall()
+        if not rows:
+            return 0
+        db.executemany(
+            "UPDATE items SET state = 'failed', result = ?, owner = NULL,"
+            " lease_until = NULL WHERE batch_id = ? AND line = ?",
+            [(dropped_line(custom_id, why), batch_id, line) for line, custom_id in rows],
+        )
+        db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?", (len(rows), batch_id))
+    return len(rows)
+
+
+def settled(db: Db) -> list[str]:
     """Batches whose every item is done or failed: ready for ``finalize``."""
-    rows = conn.execute(
+    rows = db.execute(
         "SELECT id FROM batches WHERE status IN ('in_progress', 'cancelling')"
         " AND completed + failed >= total ORDER BY seq"
     ).fetchall()
@@ -73,7 +79,7 @@ def settled(conn: sqlite3.Connection) -> list[str]:
 
 
 def finalize(
-    conn: sqlite3.Connection,
+    db: Db,
     batch_id: str,
     *,
     now: float,
@@ -82,10 +88,11 @@ def finalize(
 ) -> bool:
     """Write the batch's files and final status and queue ``batch.<status>``; False when
     it is not ready (or another replica finalized it first)."""
-    with write(conn):
-        row = conn.execute(
+    with db.write():
+        row = db.execute(
             "SELECT tenant, closing, output_expires_s FROM batches WHERE id = ?"
-            " AND status IN ('in_progress', 'cancelling') AND completed + failed >= total",
+            " AND status IN ('in_progress', 'cancelling') AND completed + failed >= total"
+            + db.lock(),  # a replica finalizing it too waits, then finds it final
             (batch_id,),
         ).fetchone()
         if row is None:
@@ -95,14 +102,14 @@ def finalize(
         expires_at = int(now + keep_s)
         files = {}
         for state, suffix in (("done", "output"), ("failed", "error")):
-            lines = conn.execute(
+            lines = db.execute(
                 "SELECT result FROM items WHERE batch_id = ? AND state = ? ORDER BY line",
                 (batch_id, state),
             ).fetchall()
             if lines:
                 content = b"".join(bytes(line[0]) + b"\n" for line in lines)
                 files[suffix] = insert_file(
-                    conn,
+                    db,
                     tenant=tenant,
                     filename=f"{batch_id}_{suffix}.jsonl",
                     purpose=OUTPUT_PURPOSE,
@@ -111,7 +118,7 @@ def finalize(
                     expires_at=expires_at,
                 ).id
         status, ended_column = _FINAL[closing]
-        conn.execute(
+        db.execute(
             f"UPDATE batches SET status = ?, finalizing_at = ?, {ended_column} = ?,"
             " output_file_id = ?, error_file_id = ?, delete_at = ?, closing = NULL"
             " WHERE id = ?",
@@ -125,26 +132,26 @@ def finalize(
                 batch_id,
             ),
         )
-        conn.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
+        db.execute("DELETE FROM items WHERE batch_id = ?", (batch_id,))
         outbox.enqueue(
-            conn, webhooks, tenant=tenant, batch_id=batch_id, event=f"batch.{status}", at=now
+            db, webhooks, tenant=tenant, batch_id=batch_id, event=f"batch.{status}", at=now
         )
     return True
 
 
-def sweep(conn: sqlite3.Connection, *, now: float) -> tuple[int, int]:
+def sweep(db: Db, *, now: float) -> tuple[int, int]:
     """Delete files past ``expires_at`` and batches past ``delete_at`` (with any items
     left); returns (files, batches) deleted."""
-    with write(conn):
-        files = conn.execute(
+    with db.write():
+        files = db.execute(
             "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
         ).rowcount
         ended = [
             row[0]
-            for row in conn.execute(
+            for row in db.execute(
                 "SELECT id FROM batches WHERE delete_at IS NOT NULL AND delete_at <= ?", (now,)
             )
         ]
-        conn.executemany("DELETE FROM items WHERE batch_id = ?", [(b,) for b in ended])
-        conn.executemany("DELETE FROM batches WHERE id = ?", [(b,) for b in ended])
+        db.executemany("DELETE FROM items WHERE batch_id = ?", [(b,) for b in ended])
+        db.executemany("DELETE FROM batches WHERE id = ?", [(b,) for b in ended])
     return int(files), len(ended)

@@ -6,7 +6,7 @@ Checks, per line and in this order (the first that fails is the line's error):
 - ``invalid_json_line``: not a JSON object;
 - ``missing_required_parameter`` (``param`` names it): no ``custom_id``, ``method``,
   ``url`` or ``body``, or an empty ``custom_id``, or a body without ``model``;
-- ``invalid_value``: a field of the wrong type;
+- ``invalid_value``: a field of the wrong type, or a ``custom_id`` holding a NUL;
 - ``duplicate_custom_id``: the ``custom_id`` of an earlier line;
 - ``invalid_method``: a method other than POST;
 - ``invalid_url``: an endpoint batches cannot use, or not the batch's ``endpoint``;
@@ -106,6 +106,8 @@ def _parse_line(number: int, text: bytes, endpoint: str | None, seen: set[str]) 
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise _Bad("invalid_json_line", "This line is not parseable as a JSON object.") from exc
     custom_id = _string(fields, "custom_id")
+    if "\x00" in custom_id:  # no database text holds NUL (Postgres refuses it)
+        raise _Bad("invalid_value", "'custom_id' must not contain NUL characters.", "custom_id")
     if custom_id in seen:
         raise _Bad(
             "duplicate_custom_id",

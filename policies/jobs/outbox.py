@@ -7,9 +7,10 @@ Only events some configured webhook wants become rows (``endpoint_for``).
 
 Senders (gateway/jobs/webhooks.py, one per gateway process) share the rows as runners
 share items (``work``): ``claim`` leases due rows to one owner in one ``UPDATE …
-RETURNING``, so two processes never send the same attempt; an attempt's outcome is
-written only by the owner that holds the row (``delivered``, ``attempt_failed``); a sender
-that dies leaves its lease, and the row is due again when it runs out. A row ends
+RETURNING`` (on Postgres with ``FOR UPDATE SKIP LOCKED``), so two processes never send the
+same attempt; an attempt's outcome is written only by the owner that holds the row
+(``delivered``, ``attempt_failed``); a sender that dies leaves its lease, and the row is
+due again when it runs out. A row ends
 ``delivered`` (a 2xx) or ``failed`` (its attempts ran out); the ended rows are the log
 (``log``) until the retention sweep (``sweep``).
 
@@ -21,15 +22,14 @@ deduplicate on it.
 from __future__ import annotations
 
 import random
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from core.config_batch import ANY_TENANT, WebhookConfig
+from policies.jobs.db import Db
 from policies.jobs.objects import new_id
-from policies.jobs.schema import write
 
 JITTER = 0.25  # up to this share added to a back-off: replicas' retries spread out
 MAX_ERROR_CHARS = 500
@@ -90,7 +90,7 @@ def endpoint_for(webhooks: Mapping[str, WebhookConfig], tenant: str, event: str)
 
 
 def enqueue(
-    conn: sqlite3.Connection,
+    db: Db,
     webhooks: Mapping[str, WebhookConfig] | None,
     *,
     tenant: str,
@@ -106,7 +106,7 @@ def enqueue(
         return None
     event_id = new_id("evt_")
     payload = Event(id=event_id, type=event, created_at=int(at), data={"id": batch_id})
-    conn.execute(
+    db.execute(
         "INSERT INTO webhook_deliveries (id, tenant, endpoint, batch_id, type, payload,"
         " state, next_attempt_at, created_at, updated_at)"
         " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
@@ -115,6 +115,8 @@ def enqueue(
     return event_id
 
 
+# ``{lock}``: FOR UPDATE SKIP LOCKED on Postgres (a row another sender is claiming is
+# skipped, one it claimed meanwhile is re-checked and left), nothing on SQLite.
 _CLAIM = """
 UPDATE webhook_deliveries SET owner = :owner, lease_until = :until
 WHERE seq IN (
@@ -122,20 +124,18 @@ WHERE seq IN (
     WHERE state = 'pending' AND next_attempt_at <= :now
       AND (lease_until IS NULL OR lease_until < :now)
     ORDER BY next_attempt_at, seq
-    LIMIT :n)
+    LIMIT :n{lock})
 RETURNING id, endpoint, batch_id, type, payload, attempts
 """
 
 
-def claim(
-    conn: sqlite3.Connection, owner: str, n: int, *, now: float, lease_s: float
-) -> list[Delivery]:
+def claim(db: Db, owner: str, n: int, *, now: float, lease_s: float) -> list[Delivery]:
     """Up to ``n`` due rows for ``owner``, leased until ``now + lease_s`` (longer than an
     attempt may take, so no one else sends them meanwhile)."""
-    with write(conn):
-        rows = conn.execute(
-            _CLAIM, {"owner": owner, "until": now + lease_s, "now": now, "n": n}
-        ).fetchall()
+    with db.write():
+        claim_sql = _CLAIM.format(lock=db.lock(skip_locked=True))
+        params = {"owner": owner, "until": now + lease_s, "now": now, "n": n}
+        rows = db.execute(claim_sql, params).fetchall()
     return [
         Delivery(
             id=event_id,
@@ -149,23 +149,22 @@ def claim(
     ]
 
 
-def next_due(conn: sqlite3.Connection) -> float | None:
+def next_due(db: Db) -> float | None:
     """When the soonest pending row may be claimed (its time, or its lease's end); None
     when nothing is pending."""
-    row = conn.execute(
-        "SELECT MIN(MAX(next_attempt_at, COALESCE(lease_until, 0)))"
+    row = db.execute(
+        "SELECT MIN(CASE WHEN lease_until > next_attempt_at"
+        " THEN lease_until ELSE next_attempt_at END)"
         " FROM webhook_deliveries WHERE state = 'pending'"
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
 
-def delivered(
-    conn: sqlite3.Connection, owner: str, event_id: str, *, now: float, url: str, status: int
-) -> bool:
+def delivered(db: Db, owner: str, event_id: str, *, now: float, url: str, status: int) -> bool:
     """The receiver took it (a 2xx); False when ``owner`` no longer held the row."""
-    with write(conn):
+    with db.write():
         return bool(
-            conn.execute(
+            db.execute(
                 "UPDATE webhook_deliveries SET state = 'delivered', attempts = attempts + 1,"
                 " owner = NULL, lease_until = NULL, url = ?, last_status = ?,"
                 " last_error = NULL, updated_at = ?, delivered_at = ?"
@@ -176,7 +175,7 @@ def delivered(
 
 
 def attempt_failed(
-    conn: sqlite3.Connection,
+    db: Db,
     owner: str,
     event_id: str,
     *,
@@ -189,9 +188,9 @@ def attempt_failed(
     """One more failed attempt: due again at ``retry_at``, or ``failed`` for good when it
     is None. False when ``owner`` no longer held the row."""
     state = "pending" if retry_at is not None else "failed"
-    with write(conn):
+    with db.write():
         return bool(
-            conn.execute(
+            db.execute(
                 "UPDATE webhook_deliveries SET state = ?, attempts = attempts + 1,"
                 " owner = NULL, lease_until = NULL, next_attempt_at = COALESCE(?, next_attempt_at),"
                 " url = ?, last_status = ?, last_error = ?, updated_at = ?"
@@ -201,11 +200,11 @@ def attempt_failed(
         )
 
 
-def release(conn: sqlite3.Connection, owner: str) -> int:
+def release(db: Db, owner: str) -> int:
     """Every row ``owner`` holds, claimable again at once (a sender that stops)."""
-    with write(conn):
+    with db.write():
         return int(
-            conn.execute(
+            db.execute(
                 "UPDATE webhook_deliveries SET owner = NULL, lease_until = NULL"
                 " WHERE owner = ? AND state = 'pending'",
                 (owner,),
@@ -220,7 +219,7 @@ _LOG_COLUMNS = (
 
 
 def log(
-    conn: sqlite3.Connection,
+    db: Db,
     *,
     batch_id: str | None = None,
     tenant: str | None = None,
@@ -234,7 +233,7 @@ def log(
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)
-    rows = conn.execute(
+    rows = db.execute(
         f"SELECT {_LOG_COLUMNS} FROM webhook_deliveries WHERE {' AND '.join(where)}"
         " ORDER BY seq DESC LIMIT ?",
         (*params, limit),
@@ -264,11 +263,11 @@ def _record(row: Any) -> DeliveryRecord:
     )
 
 
-def sweep(conn: sqlite3.Connection, *, before: float) -> int:
+def sweep(db: Db, *, before: float) -> int:
     """Delete the log's ended rows last touched before ``before``; how many."""
-    with write(conn):
+    with db.write():
         return int(
-            conn.execute(
+            db.execute(
                 "DELETE FROM webhook_deliveries WHERE state != 'pending' AND updated_at < ?",
                 (before,),
             ).rowcount

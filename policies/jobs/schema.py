@@ -1,4 +1,5 @@
-"""The job store's SQLite file: tables, indexes, connections, transactions.
+"""The job store's SQLite file: tables, indexes, connections (``SqliteJobs``, the
+single-host backend; ``postgres`` is the fleet's, with the same tables).
 
 Four tables, every row carrying its tenant:
 
@@ -17,16 +18,16 @@ Four tables, every row carrying its tenant:
   delivered | failed, ``owner`` and ``lease_until`` while a sender holds it.
 
 Durability as in the ledger: WAL, ``synchronous=FULL`` (a COMMIT is on disk), and every
-write in ``BEGIN IMMEDIATE`` so a second process waits (``busy_timeout``) instead of failing
-mid-transaction.
+write in ``BEGIN IMMEDIATE`` (``db.SqliteDb.write``) so a second process waits
+(``busy_timeout``) instead of failing mid-transaction.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from policies.jobs.db import SqliteDb
 
 BUSY_TIMEOUT_MS = 10_000
 _TABLES = (
@@ -127,7 +128,20 @@ _INDEXES = (
 )
 
 
-def connect(path: Path) -> sqlite3.Connection:
+class SqliteJobs:
+    """The job store in the SQLite file at ``path`` (``db.Backend``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self) -> SqliteDb:
+        return connect(self.path)
+
+    def unreachable(self, exc: BaseException) -> str | None:
+        return None  # a locked or broken file propagates as it always has
+
+
+def connect(path: Path) -> SqliteDb:
     """A connection in autocommit mode (transactions are explicit), creating the file,
     its folder and the schema when needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,13 +149,14 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    with write(conn):
+    db = SqliteDb(conn)
+    with db.write():
         for statement in _TABLES:
             conn.execute(statement)
         _add_columns(conn)
         for statement in _INDEXES:
             conn.execute(statement)
-    return conn
+    return db
 
 
 def _add_columns(conn: sqlite3.Connection) -> None:
@@ -149,15 +164,3 @@ def _add_columns(conn: sqlite3.Connection) -> None:
         present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if column not in present:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-
-
-@contextmanager
-def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction: committed when the block ends, rolled back if it raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")

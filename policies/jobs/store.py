@@ -1,9 +1,21 @@
-"""``JobStore``: the async face of the job store's SQLite file.
+"""``JobStore``: the async face of the job store, on SQLite (one host) or PostgreSQL (a
+fleet); ``db.Backend`` says which, and nothing above this module cares.
 
 Every operation runs in one worker thread that owns the connection (SQLite serialises
-writers anyway; one thread keeps the event loop off disk waits and off fsync), in its
-own transaction. Times come from the injected clock's ``wall()``: leases are compared
-across processes, so they must be Unix time, not one process's monotonic clock.
+writers anyway; one thread keeps the event loop off disk and network waits), in its own
+transaction; the store's functions are synchronous and shared by both backends. Times
+come from the injected clock's ``wall()``: leases are compared across processes, so they
+must be Unix time, not one process's monotonic clock.
+
+Outages (Postgres): a call that finds the database unreachable (``Backend.unreachable``)
+logs ``batch.store_unreachable`` with the reason, raises ``JobStoreUnavailableError`` (a
+503 for the routes, whose message does not name the database; the runner logs it and
+tries again) and drops its connection; for ``retry_interval_s`` on the clock's ``now()`` every
+call then fails the same way at once, without network waits piling up in the worker
+thread; the next call after that reconnects. Nothing was written by a call that failed
+(each is one transaction); a COMMIT whose answer was lost may have landed, which every
+step tolerates (they are guarded by the state they expect). Other errors propagate, and a
+connection they left unusable is replaced.
 
 Caller-facing methods take the ``Principal`` and scope every query to its tenant
 (``batches.tenant_key``); the runner's methods work across tenants. ``retention_s`` and
@@ -14,18 +26,22 @@ read at each call, so the runner can keep them current with the config.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import structlog
+
 from core.clock import Clock
 from core.config_batch import WebhookConfig
 from core.tenancy import Principal
 from policies.jobs import batches, files, finalize, outbox, work
 from policies.jobs.batches import Pending, tenant_key
+from policies.jobs.db import Backend, Db
+from policies.jobs.errors import JobStoreUnavailableError
 from policies.jobs.jsonl import Request
 from policies.jobs.objects import (
     Batch,
@@ -36,44 +52,79 @@ from policies.jobs.objects import (
     FileObject,
 )
 from policies.jobs.outbox import Delivery, DeliveryRecord
-from policies.jobs.schema import connect
+from policies.jobs.schema import SqliteJobs
 from policies.jobs.usage import NO_USAGE, ItemUsage
 from policies.jobs.work import Claim
 
 T = TypeVar("T")
+_log = structlog.get_logger("switchyard")
 
 
 class JobStore:
-    """Files, batches and items in the SQLite file at ``path`` (created if needed)."""
+    """Files, batches and items in ``where``: a SQLite file's path (created if needed) or
+    a ``Backend`` (``postgres.PostgresJobs``)."""
 
-    def __init__(self, path: Path, clock: Clock, *, retention_s: float) -> None:
-        self.path = path
+    def __init__(
+        self,
+        where: Path | Backend,
+        clock: Clock,
+        *,
+        retention_s: float,
+        retry_interval_s: float = 1.0,
+    ) -> None:
+        self.backend: Backend = SqliteJobs(where) if isinstance(where, Path) else where
+        self.path = where if isinstance(where, Path) else None  # the SQLite file, if any
         self.clock = clock
         self.retention_s = retention_s
+        self.retry_interval_s = retry_interval_s
         self.webhooks: Mapping[str, WebhookConfig] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-store")
-        self._conn: sqlite3.Connection | None = None
+        self._db: Db | None = None
+        self._down: tuple[float, str] | None = None  # (until, why): failing fast
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, partial(self._run, fn, args, kwargs))
 
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
-        if self._conn is None:
-            self._conn = connect(self.path)
-        return fn(self._conn, *args, **kwargs)
+        if self._down is not None and self.clock.now() < self._down[0]:
+            raise self._unavailable(self._down[1])
+        try:
+            if self._db is None:
+                self._db = self.backend.open()
+            return fn(self._db, *args, **kwargs)
+        except Exception as exc:
+            if self._db is not None and not self._db.usable():
+                self._close_db()
+            reason = self.backend.unreachable(exc)
+            if reason is None:
+                raise
+            self._close_db()
+            self._down = (self.clock.now() + self.retry_interval_s, reason)
+            _log.warning("batch.store_unreachable", error=reason)
+            raise self._unavailable(reason) from exc
+
+    def _unavailable(self, reason: str) -> JobStoreUnavailableError:
+        error = JobStoreUnavailableError(
+            "The batch job store is unreachable; try again shortly.",
+            retry_after=self.retry_interval_s,
+        )
+        error.reason = reason  # for the logs: it names the database's host and port
+        return error
+
+    def _close_db(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(Exception):  # thrown away: nothing to save
+                db.close()
 
     async def open(self) -> None:
-        """Create the file and its schema now (so a bad path fails at start)."""
-        await self._call(lambda conn: None)
+        """Connect and bring the schema up to date now (so a bad path fails at start).
+        ``JobStoreUnavailableError`` when the database cannot be reached."""
+        await self._call(lambda db: None)
 
     async def aclose(self) -> None:
-        def close(conn: sqlite3.Connection) -> None:
-            conn.close()
-            self._conn = None
-
-        if self._conn is not None:
-            await self._call(close)
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._close_db)
         self._pool.shutdown(wait=True)
 
     def _expiry(self, now: float, seconds: float | None) -> int:

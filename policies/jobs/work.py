@@ -5,8 +5,12 @@ no item runs twice while a lease holds and none is lost when a runner dies.
   their back-off) or running under an expired lease and gives them to ``owner`` until
   ``lease_until``. Tenants take turns (each tenant's first claimable item, then each one's
   second, ...; within a tenant, oldest batch first), so one tenant's 50,000-line batch
-  does not hold another's ten lines back for hours. SQLite runs it under the write lock,
-  so two processes never take the same item.
+  does not hold another's ten lines back for hours. SQLite runs it under the write lock;
+  on Postgres the chosen rows are locked ``FOR UPDATE SKIP LOCKED`` inside the UPDATE: a
+  row another replica is claiming is skipped (its claim takes the next one instead of
+  waiting), and a row that replica claimed since this statement began is re-checked
+  against the claimable condition on its latest version and left alone. Either way two
+  runners never take the same item while its lease holds.
 - ``renew``: the owner pushes its running items' leases forward (a heartbeat); an owner
   that crashed stops renewing, and its items become claimable when the lease runs out.
 - ``finish``: the result and the state change in one transaction, guarded by the owner;
@@ -18,28 +22,40 @@ no item runs twice while a lease holds and none is lost when a runner dies.
 
 from __future__ import annotations
 
-import sqlite3
-
 from msgspec import Struct
 from msgspec.structs import astuple
 
 from core.tenancy import Principal
-from policies.jobs.schema import write
+from policies.jobs.db import Db
 from policies.jobs.usage import NO_USAGE, ItemUsage
 
-_CLAIM = """
+CLAIM_WINDOW = 4  # candidates ranked per item wanted (see ``_CLAIM``)
+# ``ranked``: the first ``window`` claimable items by turn (tenants take turns), as this
+# statement's snapshot sees them. ``picked``: the first ``n`` of those whose row is still
+# claimable when it is locked (``{lock}``: FOR UPDATE OF i SKIP LOCKED on Postgres, where
+# a row another replica is claiming right now is skipped and one it claimed since the
+# snapshot is re-checked on its latest version; nothing on SQLite, where the write lock
+# keeps everyone else out). ``window`` is a few times ``n``, so replicas claiming at the
+# same moment each find rows of their own. Then one UPDATE takes them.
+_CLAIMABLE = """i.state IN ('pending', 'running')
+    AND ((i.state = 'pending' AND (i.lease_until IS NULL OR i.lease_until <= :now))
+         OR (i.state = 'running' AND i.lease_until < :now))"""
+_CLAIM = f"""
+WITH ranked AS (
+    SELECT i.batch_id, i.line, b.seq,
+           ROW_NUMBER() OVER (PARTITION BY b.tenant ORDER BY b.seq, i.line) AS turn
+    FROM batches b JOIN items i ON i.batch_id = b.id
+    WHERE b.status = 'in_progress' AND b.closing IS NULL AND {_CLAIMABLE}
+    ORDER BY turn, b.seq, i.line
+    LIMIT :window),
+picked AS (
+    SELECT i.batch_id AS picked_batch, i.line AS picked_line
+    FROM items i JOIN ranked r ON r.batch_id = i.batch_id AND r.line = i.line
+    WHERE {_CLAIMABLE}
+    ORDER BY r.turn, r.seq, r.line
+    LIMIT :n{{lock}})
 UPDATE items SET state = 'running', owner = :owner, lease_until = :until
-WHERE (batch_id, line) IN (
-    SELECT batch_id, line FROM (
-        SELECT i.batch_id, i.line, b.seq,
-               ROW_NUMBER() OVER (PARTITION BY b.tenant ORDER BY b.seq, i.line) AS turn
-        FROM batches b JOIN items i ON i.batch_id = b.id
-        WHERE b.status = 'in_progress' AND b.closing IS NULL
-          AND i.state IN ('pending', 'running')
-          AND ((i.state = 'pending' AND (i.lease_until IS NULL OR i.lease_until <= :now))
-               OR (i.state = 'running' AND i.lease_until < :now)))
-    ORDER BY turn, seq, line
-    LIMIT :n)
+WHERE (batch_id, line) IN (SELECT picked_batch, picked_line FROM picked)
 RETURNING batch_id, line, custom_id, body, attempts
 """
 
@@ -58,18 +74,24 @@ class Claim(Struct, frozen=True, kw_only=True):
     expires_at: float  # the end of its completion window
 
 
-def claim(
-    conn: sqlite3.Connection, owner: str, n: int, *, now: float, lease_s: float
-) -> list[Claim]:
+def claim(db: Db, owner: str, n: int, *, now: float, lease_s: float) -> list[Claim]:
     """Up to ``n`` items for ``owner``, leased until ``now + lease_s``."""
-    with write(conn):
-        rows = conn.execute(
-            _CLAIM, {"owner": owner, "until": now + lease_s, "now": now, "n": n}
-        ).fetchall()
+    with db.write():
+        claim_sql = _CLAIM.format(lock=db.lock("i", skip_locked=True))
+        params = {
+            "owner": owner,
+            "until": now + lease_s,
+            "now": now,
+            "n": n,
+            "window": n * CLAIM_WINDOW,
+        }
+        rows = db.execute(claim_sql, params).fetchall()
         ids = sorted({row[0] for row in rows})
+        if not ids:
+            return []
         callers = {
             batch_id: (endpoint, Principal(tenant=tenant or None, key_id=key_id, via=via), window)
-            for batch_id, endpoint, tenant, key_id, via, *window in conn.execute(
+            for batch_id, endpoint, tenant, key_id, via, *window in db.execute(
                 "SELECT id, endpoint, tenant, key_id, via, created_at, expires_at FROM batches"
                 f" WHERE id IN ({', '.join('?' for _ in ids)})",
                 ids,
@@ -92,11 +114,11 @@ def claim(
     return sorted(claims, key=lambda c: (c.batch_id, c.line))
 
 
-def renew(conn: sqlite3.Connection, owner: str, *, until: float) -> int:
+def renew(db: Db, owner: str, *, until: float) -> int:
     """Extend every lease ``owner`` holds to ``until``; how many it holds."""
-    with write(conn):
+    with db.write():
         return int(
-            conn.execute(
+            db.execute(
                 "UPDATE items SET lease_until = ? WHERE owner = ? AND state = 'running'",
                 (until, owner),
             ).rowcount
@@ -104,7 +126,7 @@ def renew(conn: sqlite3.Connection, owner: str, *, until: float) -> int:
 
 
 def finish(
-    conn: sqlite3.Connection,
+    db: Db,
     owner: str,
     item: Claim,
     *,
@@ -118,31 +140,31 @@ def finish(
     ``owner`` still held it, and whether every item of its batch is now done or failed (the
     batch is ready to be finalized)."""
     state, counter = ("done", "completed") if ok else ("failed", "failed")
-    with write(conn):
-        written = conn.execute(
+    with db.write():
+        written = db.execute(
             "UPDATE items SET state = ?, result = ?, owner = NULL, lease_until = NULL"
             " WHERE batch_id = ? AND line = ? AND owner = ? AND state = 'running'",
             (state, result, item.batch_id, item.line, owner),
         ).rowcount
         if written:
-            conn.execute(
+            db.execute(
                 f"UPDATE batches SET {counter} = {counter} + 1, model = COALESCE(model, ?),"
                 " input_tokens = input_tokens + ?, cached_tokens = cached_tokens + ?,"
                 " output_tokens = output_tokens + ?, reasoning_tokens = reasoning_tokens + ?"
                 " WHERE id = ?",
                 (model, *astuple(usage), item.batch_id),
             )
-        row = conn.execute(
+        row = db.execute(
             "SELECT completed + failed >= total FROM batches WHERE id = ?", (item.batch_id,)
         ).fetchone()
     return bool(written), bool(row and row[0])
 
 
-def retry_later(conn: sqlite3.Connection, owner: str, item: Claim, *, not_before: float) -> bool:
+def retry_later(db: Db, owner: str, item: Claim, *, not_before: float) -> bool:
     """Back to pending, claimable again from ``not_before``; one more attempt counted."""
-    with write(conn):
+    with db.write():
         return bool(
-            conn.execute(
+            db.execute(
                 "UPDATE items SET state = 'pending', owner = NULL, lease_until = ?,"
                 " attempts = attempts + 1"
                 " WHERE batch_id = ? AND line = ? AND owner = ? AND state = 'running'",
@@ -151,11 +173,11 @@ def retry_later(conn: sqlite3.Connection, owner: str, item: Claim, *, not_before
         )
 
 
-def release(conn: sqlite3.Connection, owner: str) -> int:
+def release(db: Db, owner: str) -> int:
     """Every item ``owner`` is running, pending again and claimable at once."""
-    with write(conn):
+    with db.write():
         return int(
-            conn.execute(
+            db.execute(
                 "UPDATE items SET state = 'pending', owner = NULL, lease_until = NULL"
                 " WHERE owner = ? AND state = 'running'",
                 (owner,),

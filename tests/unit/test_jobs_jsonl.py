@@ -52,6 +52,7 @@ def test_a_valid_file_keeps_each_body_as_written() -> None:
         (line(custom_id=None), ("missing_required_parameter", "custom_id")),
         (line(custom_id=""), ("missing_required_parameter", "custom_id")),
         (line(custom_id=7), ("invalid_value", "custom_id")),
+        (line(custom_id="a\u0000b"), ("invalid_value", "custom_id")),  # no database holds NUL
         (line(method="GET"), ("invalid_method", "method")),
         (line(url="/v1/images/generations"), ("invalid_url", "url")),
         (line(url="/v1/embeddings"), ("invalid_url", "url")),  # not the batch's endpoint

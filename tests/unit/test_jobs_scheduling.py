@@ -1,7 +1,7 @@
-"""Batch scheduling and accounting in the job store and the runner's pure parts: tenants
-take turns at claims, an item's usage adds to its batch's ``usage`` and its alias becomes
-the batch's ``model``, an older store file gains the new columns, and the local-only part
-of a completion window."""
+"""Batch scheduling and accounting in the job store (on SQLite and Postgres) and the
+runner's pure parts: tenants take turns at claims, an item's usage adds to its batch's
+``usage`` and its alias becomes the batch's ``model``, an older store file (SQLite) gains
+the new columns, and the local-only part of a completion window."""
 
 from __future__ import annotations
 
@@ -18,11 +18,20 @@ from gateway.request.batch import BatchCaller, batch_route, local_first
 from policies.jobs import JobStore
 from policies.jobs.usage import ItemUsage, item_usage, requested_model
 from routers.targets import Target
-from tests.unit.test_jobs_store import ACME, GLOBEX, LEASE_S, clock, line_for, running_batch, store
+from tests.unit.test_jobs_store import (
+    ACME,
+    GLOBEX,
+    LEASE_S,
+    clock,
+    jobs_at,
+    line_for,
+    running_batch,
+    store,
+)
 
 pytestmark = pytest.mark.anyio
 ADDED = ("model", "input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
-__all__ = ["clock", "store"]  # fixtures
+__all__ = ["clock", "jobs_at", "store"]  # fixtures (the store's: on SQLite and Postgres)
 
 
 async def test_tenants_take_turns_whatever_the_size_of_their_batches(store) -> None:

@@ -1,7 +1,8 @@
-"""The job store (policies/jobs) on real SQLite files with a fake clock: claims and leases
-(no item held by two owners, expired leases re-claimed, renewals keep them), finished
-items never claimed again, tenant isolation, cancel, the completion window, retention,
-cursor pages, and two stores on one file (two processes' view) sharing the work."""
+"""The job store (policies/jobs) with a fake clock, every test on both backends (a real
+SQLite file, and a fresh schema on the machine's PostgreSQL): claims and leases (no item
+held by two owners, expired leases re-claimed, renewals keep them), finished items never
+claimed again, tenant isolation, cancel, the completion window, retention, cursor pages,
+and two stores on one database (two processes' view) sharing the work."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from policies.jobs.errors import ConflictError, NotFoundError
 from policies.jobs.files import UnknownCursor
 from policies.jobs.jsonl import parse_jsonl
 from policies.jobs.objects import Batch, BatchCreate, BatchError, answered_line
+from policies.jobs.postgres import PostgresJobs
 
 pytestmark = pytest.mark.anyio
 ACME = Principal(tenant="acme", key_id="k1", via="api_key")
@@ -48,9 +50,18 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def jobs_at(request: pytest.FixtureRequest, tmp_path: Path) -> Path | PostgresJobs:
+    """Where a test's job stores live: a SQLite file, or a schema of its own in the
+    module's Postgres database (``pg_dsn``: fails under CI when Postgres is down)."""
+    if request.param == "sqlite":
+        return tmp_path / "jobs.sqlite3"
+    return PostgresJobs(request.getfixturevalue("pg_dsn"))
+
+
 @pytest.fixture
-async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[JobStore]:
-    store = JobStore(tmp_path / "jobs.sqlite3", clock, retention_s=RETENTION_S)
+async def store(jobs_at: Path | PostgresJobs, clock: FakeClock) -> AsyncIterator[JobStore]:
+    store = JobStore(jobs_at, clock, retention_s=RETENTION_S)
     await store.open()
     yield store
     await store.aclose()
@@ -150,10 +161,9 @@ async def test_release_hands_every_held_item_back_at_once(store):
     assert len(await store.claim("next", 10, LEASE_S)) == 3
 
 
-async def test_two_stores_on_one_file_never_claim_the_same_item(tmp_path, clock):
-    path = tmp_path / "shared.sqlite3"
-    one = JobStore(path, clock, retention_s=RETENTION_S)
-    two = JobStore(path, clock, retention_s=RETENTION_S)
+async def test_two_stores_on_one_database_never_claim_the_same_item(jobs_at, clock):
+    one = JobStore(jobs_at, clock, retention_s=RETENTION_S)
+    two = JobStore(jobs_at, clock, retention_s=RETENTION_S)
     try:
         await running_batch(one, 200)
         rounds = await asyncio.gather(

@@ -1,8 +1,9 @@
 """Webhook signing and delivery (gateway/jobs/webhooks.py): the Standard Webhooks test
 vector, signatures the official ``openai`` SDK verifies (``webhooks.unwrap``), secrets in
 ``whsec_`` form only, the back-off schedule, and the sender against a mock receiver on a
-real job store with a fake clock: delivered on a 2xx, retried with growing waits, failed
-after the last attempt, ``Retry-After`` and 410 honoured, nothing sent unsigned."""
+real job store (SQLite and Postgres) with a fake clock: delivered on a 2xx, retried with
+growing waits, failed after the last attempt, ``Retry-After`` and 410 honoured, nothing
+sent unsigned."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from policies.jobs import JobStore
 from policies.jobs.jsonl import parse_jsonl
 from policies.jobs.objects import BatchCreate, answered_line
 from policies.jobs.outbox import JITTER, backoff_s
+from policies.jobs.postgres import PostgresJobs
+from tests.unit.test_jobs_store import jobs_at
 
 pytestmark = pytest.mark.anyio
 ACME = Principal(tenant="acme", key_id="k1", via="api_key")
@@ -42,6 +45,7 @@ SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 URL = "https://hooks.example/acme"
 BASE_S, CAP_S, MAX_ATTEMPTS = 10.0, 1000.0, 4
 Handler = Callable[[httpx.Request], httpx.Response]
+__all__ = ["jobs_at"]  # the store's fixture: the sender's tests run on SQLite and Postgres
 
 
 def settings(**changes: object) -> BatchConfig:
@@ -132,8 +136,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[JobStore]:
-    store = JobStore(tmp_path / "jobs.sqlite3", clock, retention_s=86_400)
+async def store(jobs_at: Path | PostgresJobs, clock: FakeClock) -> AsyncIterator[JobStore]:
+    store = JobStore(jobs_at, clock, retention_s=86_400)
     store.webhooks = settings().webhooks
     await store.open()
     yield store

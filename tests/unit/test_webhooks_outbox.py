@@ -1,9 +1,9 @@
-"""The webhook outbox (policies/jobs/outbox.py) on a real SQLite job store with a fake
-clock: each status change queues its event in the same transaction (once, even when two
-replicas race to finalize), only for tenants whose webhook wants it (``*`` for the rest
-and the open gateway); claims lease a row to one sender; an attempt's outcome is written
-only by its holder; retries wait for their time; the log filters; the sweep keeps
-pending rows."""
+"""The webhook outbox (policies/jobs/outbox.py) on a real job store (SQLite and Postgres)
+with a fake clock: each status change queues its event in the same transaction (once,
+even when two replicas race to finalize), only for tenants whose webhook wants it (``*``
+for the rest and the open gateway); claims lease a row to one sender; an attempt's outcome
+is written only by its holder; retries wait for their time; the log filters; the sweep
+keeps pending rows."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ from policies.jobs import JobStore
 from policies.jobs.jsonl import parse_jsonl
 from policies.jobs.objects import Batch, BatchCreate, BatchError, answered_line
 from policies.jobs.outbox import endpoint_for
+from policies.jobs.postgres import PostgresJobs
+from tests.unit.test_jobs_store import jobs_at
 
 pytestmark = pytest.mark.anyio
 ACME = Principal(tenant="acme", key_id="k1", via="api_key")
 GLOBEX = Principal(tenant="globex", key_id="k2", via="api_key")
 DAY = 86_400
 LEASE_S = 20.0
+__all__ = ["jobs_at"]  # the store's fixture: every test here runs on SQLite and Postgres
 HOOK = WebhookConfig(url="https://hooks.example/acme", secret_env="ACME_SECRET")
 EVERYONE = WebhookConfig(
     url="https://hooks.example/ops",
@@ -40,8 +43,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-async def store(tmp_path: Path, clock: FakeClock) -> AsyncIterator[JobStore]:
-    store = JobStore(tmp_path / "jobs.sqlite3", clock, retention_s=7 * DAY)
+async def store(jobs_at: Path | PostgresJobs, clock: FakeClock) -> AsyncIterator[JobStore]:
+    store = JobStore(jobs_at, clock, retention_s=7 * DAY)
     store.webhooks = {"acme": HOOK}
     await store.open()
     yield store
@@ -90,9 +93,9 @@ def test_a_tenant_gets_its_own_webhook_else_the_star_one() -> None:
     assert endpoint_for({"acme": HOOK}, "globex", "batch.completed") is None
 
 
-async def test_finalizing_queues_one_event_even_when_replicas_race(store, tmp_path, clock):
+async def test_finalizing_queues_one_event_even_when_replicas_race(store, jobs_at, clock):
     batch = await completed_batch(store)
-    other = JobStore(tmp_path / "jobs.sqlite3", clock, retention_s=7 * DAY)
+    other = JobStore(jobs_at, clock, retention_s=7 * DAY)
     other.webhooks = store.webhooks
     try:
         assert await store.finalize(batch.id) is True
