@@ -75,7 +75,10 @@ def is_unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` means the server cannot be used now, as opposed to a bug: every
     ``OperationalError`` (connection refused or lost, admin shutdown, server starting,
     pool timeout, too many connections), a read-only transaction (a standby), an I/O error
-    or a timeout."""
+    or a timeout. Not a deadlock or a serialization failure: the server is fine, the
+    transaction lost a race (an ``OperationalError`` subclass in psycopg)."""
+    if isinstance(exc, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)):
+        return False
     return isinstance(
         exc,
         (

@@ -116,6 +116,9 @@ async def test_the_outage_mapping_lets_bugs_through(pg_dsn):
         async with unreachable("query"):
             await conn.execute("SELECT 1")  # closed: psycopg's OperationalError
     assert is_unreachable(TimeoutError()) and not is_unreachable(ValueError())
+    # a lost race is not an outage: the server answered
+    assert not is_unreachable(psycopg.errors.DeadlockDetected())
+    assert not is_unreachable(psycopg.errors.SerializationFailure())
 
 
 async def test_a_pool_serves_connections_and_reports_an_unreachable_server(pg_dsn):
