@@ -9,6 +9,8 @@ Per seed it starts one real ``switchyard serve`` on the bundled SmolLM2-135M (th
 JAX engine, CPU), with batches run at ``batch.concurrency`` items at once and
 ``yield_above_in_flight: 0`` (no new item while an interactive request is in flight), then:
 
+0. **warm-up**: a batch of ``2 x concurrency`` items with probes beside it, so the engine
+   has compiled the batch shapes the measurement meets (it compiles each on first use);
 1. **idle**: ``--probes`` interactive streamed chat requests, one after another with a
    random pause (0.2-0.6 s) between them; TTFT is timed at the client (official ``openai``
    SDK) to the first content chunk;
@@ -118,6 +120,30 @@ def batch_lines(rng: random.Random, items: int) -> bytes:
     return "\n".join(json.dumps(line) for line in lines).encode()
 
 
+def submit(client: openai.OpenAI, lines: bytes) -> str:
+    """Upload ``lines`` and create a batch of them; its id."""
+    upload = client.files.create(file=("in.jsonl", lines), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return batch.id
+
+
+def finished(client: openai.OpenAI, batch_id: str) -> bool:
+    status = client.batches.retrieve(batch_id).status
+    return status in ("completed", "failed", "expired", "cancelled")
+
+
+def wait_done(client: openai.OpenAI, batch_id: str, limit_s: float) -> Any:
+    """The batch once it ended; RuntimeError after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while not finished(client, batch_id):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the batch did not finish in --max-seconds")
+        time.sleep(0.5)
+    return client.batches.retrieve(batch_id)
+
+
 def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,27 +156,17 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         try:
             gateway.wait_ready(timeout_s=args.max_seconds)  # the engine compiles its shapes
             client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", timeout=120)
-            probes(client, rng, 3)  # warm-up: compile the engine's shapes
+            # Warm-up: the engine compiles each batch shape on first use; a small batch
+            # with probes beside it compiles the ones the measurement will meet.
+            warm = submit(client, batch_lines(rng, 2 * args.concurrency))
+            probes(client, rng, 3, until=lambda: finished(client, warm))
+            wait_done(client, warm, args.max_seconds)
             idle = probes(client, rng, args.probes)
-            upload = client.files.create(
-                file=("in.jsonl", batch_lines(rng, args.items)), purpose="batch"
-            )
-            batch = client.batches.create(
-                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
+            batch = submit(client, batch_lines(rng, args.items))
             started = time.monotonic()
-
-            def finished() -> bool:
-                status = client.batches.retrieve(batch.id).status
-                return status in ("completed", "failed", "expired", "cancelled")
-
-            busy = probes(client, rng, args.probes, until=finished)
-            while not finished():
-                if time.monotonic() - started > args.max_seconds:
-                    raise RuntimeError("the batch did not finish in --max-seconds")
-                time.sleep(0.5)
+            busy = probes(client, rng, args.probes, until=lambda: finished(client, batch))
+            done = wait_done(client, batch, args.max_seconds)
             wall = time.monotonic() - started
-            done = client.batches.retrieve(batch.id)
         finally:
             gateway.stop()
     output = done.usage.output_tokens if done.usage else 0
