@@ -5,12 +5,12 @@ flusher task per ledger takes what is queued (up to ``batch_rows`` rows) and com
 with a single ``INSERT ... ON CONFLICT (request_id) DO NOTHING`` (one statement in
 autocommit: one round trip, one WAL flush for the whole batch). Rows that arrive while a
 commit is in flight share the next one (with ``max_wait_s`` > 0 the first row after a
-quiet spell also waits that long for company). So the per-row cost on the request path is a future and a list
-append, and the database sees few, larger transactions. A row already there (same
-``request_id``) is skipped: retried and replayed appends never count twice, the first row
-written wins. Durability is the server's: ``append`` returns after COMMIT, which with
-``synchronous_commit`` on (Postgres' default; a connection that finds it ``off`` turns it
-on for itself) means the WAL is flushed.
+quiet spell also waits that long for company). So the per-row cost on the request path is
+a future and a list append, and the database sees few, larger transactions. A row
+already there (same ``request_id``) is skipped: retried and replayed appends never count
+twice, the first row written wins. Durability is the server's: ``append`` returns after
+COMMIT, which with ``synchronous_commit`` on (Postgres' default; a connection that finds
+it ``off`` turns it on for itself) means the WAL is flushed.
 
 Outages: the writer holds one connection, opened on the first append (with the schema
 migrations, ``postgres_schema.migrate``) and reopened after a failure. A commit or connect
