@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -169,6 +170,9 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
             wall = time.monotonic() - started
         finally:
             gateway.stop()
+            if args.logs is not None:  # the engine's compile lines show where time went
+                args.logs.mkdir(parents=True, exist_ok=True)
+                shutil.copy(folder / "gateway.log", args.logs / f"gateway-seed{seed}.log")
     output = done.usage.output_tokens if done.usage else 0
     return {
         "seed": seed,
@@ -218,6 +222,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument("--logs", type=Path, help="keep each gateway's log in this folder")
     args = parser.parse_args()
     results = [run_seed(int(seed), args) for seed in args.seeds.split(",")]
     report(results)
