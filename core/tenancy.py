@@ -7,20 +7,24 @@ from typing import Literal
 
 from msgspec import Struct
 
+from core.config_tenants import Limits
+
 Via = Literal["open", "api_key", "jwt", "admin"]
 
 
 class Principal(Struct, frozen=True, kw_only=True):
     """The caller. ``tenant`` is None only on an open gateway (no tenants configured) and
     for the admin key; ``key_id`` names the API key (or the JWT's subject). A control-plane
-    key may narrow the tenant's models to ``models`` (None: no narrowing) and carries
-    ``tags`` (its metadata as JSON) into its usage rows."""
+    key may narrow the tenant's models to ``models`` (None: no narrowing), carries ``tags``
+    (its metadata as JSON) into its usage rows, and may have its own ``limits``, which
+    replace its tenant's ``key_limits`` for this key (None: the tenant's apply)."""
 
     tenant: str | None = None
     key_id: str | None = None
     via: Via = "open"
     models: frozenset[str] | None = None
     tags: str | None = None
+    limits: Limits | None = None
 
     @property
     def admin(self) -> bool:

@@ -9,6 +9,10 @@ about a second.
 ``create`` and ``rotate`` print the new key once on stdout (and only there: the store keeps
 its SHA-256), with the key id on stderr, so ``KEY=$(switchyard keys create --tenant t)``
 captures just the key.
+
+``create --rpm/--tpm/--concurrency/--usd-per-day/--usd-per-month`` gives the key limits of
+its own, replacing its tenant's ``key_limits`` (a control store or ``--url`` only). There is
+no ``update`` command: change a key's limits with ``PATCH /admin/keys/{id}``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ from policies.control import CreateKey
 from policies.control.requests import DEFAULT_GRACE_S
 
 ADMIN_KEY_ENV = "SWITCHYARD_ADMIN_KEY"
+# flag -> Limits field, type; any of them given: the key gets limits of its own
+LIMIT_FLAGS: dict[str, tuple[str, type]] = {
+    "--rpm": ("rpm", int),
+    "--tpm": ("tpm", int),
+    "--concurrency": ("concurrency", int),
+    "--usd-per-day": ("usd_per_day", float),
+    "--usd-per-month": ("usd_per_month", float),
+}
 
 
 def _where(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +67,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     create.add_argument(
         "--meta", action="append", default=[], metavar="KEY=VALUE", help="a tag for usage rows"
     )
+    for flag, (field, kind) in LIMIT_FLAGS.items():
+        create.add_argument(
+            flag, dest=f"limit_{field}", type=kind, help=f"the key's own {field} limit"
+        )
     _where(create)
     revoke = commands.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -119,6 +135,13 @@ def _create_request(args: argparse.Namespace) -> CreateKey:
     if args.expires_at:
         expires = args.expires_at
         raw["expires_at"] = float(expires) if expires.replace(".", "", 1).isdigit() else expires
+    limits = {
+        field: getattr(args, f"limit_{field}")
+        for field, _ in LIMIT_FLAGS.values()
+        if getattr(args, f"limit_{field}", None) is not None
+    }
+    if limits:
+        raw["limits"] = limits
     try:
         return msgspec.convert(raw, CreateKey)
     except msgspec.ValidationError as exc:

@@ -69,8 +69,10 @@ class FileKeys:
         if request.tenant not in self._tenants:
             known = ", ".join(sorted(self._tenants)) or "none"
             raise CliError(f"unknown tenant '{request.tenant}' (tenants in the config: {known})")
-        if request.allowed_models or request.expires_at or request.metadata:
-            raise CliError("--models, --expires-at and --meta need a `control:` section")
+        if request.allowed_models or request.expires_at or request.metadata or request.limits:
+            raise CliError(
+                "--models, --expires-at, --meta and limits (--rpm, ...) need a `control:` section"
+            )
         try:
             plaintext, record = self.keys.create(request.tenant, request.name, now=time.time())
         except KeysFileError as exc:

@@ -5,8 +5,9 @@ replica's view of the store. docs/keys.md is the operator's guide.
 Every change is committed to the control store with its audit record (actor: the admin
 principal's id, ``admin`` for the admin key), then this replica reloads its index at once;
 the other replicas follow within a poll. Errors in OpenAI's shape: 400 (bad body, unknown
-model alias, expiry in the past), 401/403 (not the admin key), 404 (unknown key or tenant),
-409 (a revoked key), 503 (the store is unreachable; nothing changed).
+model alias, expiry in the past, a limit that is not a positive number; ``param`` names the
+field), 401/403 (not the admin key), 404 (unknown key or tenant), 409 (a revoked key), 503
+(the store is unreachable; nothing changed).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ async def get_key(request: Request[Any, Any, Any], key_id: str) -> Response[byte
 
 @patch(PATH + "/{key_id:str}")
 async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
-    """Change ``name``, ``allowed_models``, ``expires_at`` or ``metadata``."""
+    """Change ``name``, ``allowed_models``, ``expires_at``, ``metadata`` or ``limits``."""
     admin = Admin(request)
     body: UpdateKey = await body_of(request, _update)
     record = await admin.control.plane.update_key(key_id, body, admin.catalog, admin.actor)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from core.config_tenants import TenantConfig
+from core.config_tenants import Limits, TenantConfig
 from gateway.routes.openapi_operations import Operation, Param
 from policies.control import AuditRecord, CreateKey, RotateKey, UpdateKey
 
@@ -21,7 +21,8 @@ _READ_ERRORS = (400, 401, 403, 404, 503)
 
 class KeyView(msgspec.Struct):
     """An API key as the admin API shows it: never its hash. ``key`` (the secret) only in
-    the answers to create and rotate."""
+    the answers to create and rotate. ``limits``: the key's own (every field; null:
+    unlimited), or null when its tenant's ``key_limits`` apply."""
 
     id: str
     object: Literal["api_key"]
@@ -35,6 +36,7 @@ class KeyView(msgspec.Struct):
     previous_valid_until: float | None
     allowed_models: list[str] | None
     metadata: dict[str, str]
+    limits: Limits | None = None
     key: str | None = None
 
 
@@ -109,7 +111,7 @@ CONTROL_OPERATIONS: dict[tuple[str, str], Operation] = {
         "One API key", KeyView, _READ_ERRORS, params=(_KEY_ID,)
     ),
     ("PATCH", "/admin/keys/{key_id}"): _admin(
-        "Change a key's name, allowed models, expiry or metadata",
+        "Change a key's name, allowed models, expiry, metadata or limits",
         KeyView,
         _CHANGE_ERRORS,
         body=UpdateKey,

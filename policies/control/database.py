@@ -71,6 +71,9 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             "CREATE INDEX IF NOT EXISTS control_audit_target ON control_audit (target, id)",
         ],
     ),
+    # A key's own limits (JSON); NULL: its tenant's key_limits apply. Older replicas name
+    # their columns, so they read and write keys as before and leave this one alone.
+    (2, ["ALTER TABLE control_keys ADD COLUMN limits TEXT"]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

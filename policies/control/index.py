@@ -48,6 +48,7 @@ class _Entry:
             via="api_key",
             models=None if models is None else frozenset(models),
             tags=tags_json(record.metadata),
+            limits=record.limits,
         )
 
 
@@ -76,6 +77,12 @@ class ControlIndex:
     def record(self, key_id: str) -> KeyRecord | None:
         entry = self._keys.get(key_id)
         return entry.record if entry is not None else None
+
+    def principal(self, key_id: str) -> Principal | None:
+        """The principal key ``key_id`` authenticates as now (its models, tags and limits),
+        whatever its state: for work it started earlier (a batch's items)."""
+        entry = self._keys.get(key_id)
+        return entry.principal if entry is not None else None
 
     def verify(self, plaintext: str) -> Principal | None:
         """The caller this key belongs to, or None: malformed, unknown, revoked, expired,

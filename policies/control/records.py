@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import hmac
+import math
 import secrets
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from core.config_tenants import TenantConfig
+from core.config_tenants import Limits, TenantConfig
 from policies.auth.keys import KEY_PREFIX, SECRET_BYTES, generate_key, hash_key
 from policies.control.errors import ConflictError
 
@@ -28,7 +29,9 @@ MAX_TAG_VALUE = 256
 class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One API key. ``previous_sha256`` is the secret a rotation replaced, still accepted
     until ``previous_valid_until``. ``allowed_models`` None means every model the tenant
-    may use; ``metadata`` (string tags) is copied into the key's usage rows."""
+    may use; ``metadata`` (string tags) is copied into the key's usage rows. ``limits``
+    replace the tenant's ``key_limits`` for this key (None: the tenant's apply; a field
+    None: unlimited); the tenant's own ``limits`` apply either way."""
 
     key_id: str
     tenant: str
@@ -42,6 +45,7 @@ class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     previous_valid_until: float | None = None
     allowed_models: list[str] | None = None
     metadata: dict[str, str] = {}
+    limits: Limits | None = None
 
     def state(self, now: float) -> str:
         """``active``, ``expired`` or ``revoked`` at Unix time ``now``."""
@@ -104,6 +108,7 @@ def new_key(
     expires_at: float | None = None,
     allowed_models: list[str] | None = None,
     metadata: dict[str, str] | None = None,
+    limits: Limits | None = None,
     token_bytes: Callable[[int], bytes] = secrets.token_bytes,
 ) -> tuple[str, KeyRecord]:
     """(plaintext to show once, record to store) for a new key."""
@@ -118,6 +123,7 @@ def new_key(
         expires_at=expires_at,
         allowed_models=allowed_models,
         metadata=dict(metadata or {}),
+        limits=limits,
     )
     return plaintext, record
 
@@ -157,9 +163,9 @@ def revoked(record: KeyRecord, now: float) -> KeyRecord:
 
 def edited(record: KeyRecord, changes: dict[str, Any], now: float) -> KeyRecord:
     """``record`` with ``changes`` (any of ``name``, ``allowed_models``, ``expires_at``,
-    ``metadata``) applied; 409 for a revoked key."""
+    ``metadata``, ``limits``) applied; 409 for a revoked key."""
     _require_live(record, "changed")
-    allowed = {"name", "allowed_models", "expires_at", "metadata"}
+    allowed = {"name", "allowed_models", "expires_at", "metadata", "limits"}
     unknown = set(changes) - allowed
     if unknown:
         raise ValueError(f"not editable: {sorted(unknown)}")
@@ -197,4 +203,24 @@ def public_view(record: KeyRecord, now: float) -> dict[str, Any]:
         ),
         "allowed_models": record.allowed_models,
         "metadata": record.metadata,
+        "limits": limits_view(record.limits),
     }
+
+
+def limits_view(limits: Limits | None) -> dict[str, Any] | None:
+    """A key's own limits as JSON shows them (every field, None: unlimited), or None when
+    its tenant's ``key_limits`` apply."""
+    return None if limits is None else msgspec.to_builtins(limits)
+
+
+def check_limits(limits: Limits) -> str | None:
+    """The field (``limits.<name>``) whose value is not a finite positive number, or None.
+    The admin API's decoder already refuses these; this guards requests built in code."""
+    for name in limits.__struct_fields__:
+        value = getattr(limits, name)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
+            return f"limits.{name}"
+    return None

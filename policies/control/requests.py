@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from core.config_tenants import TenantConfig
+from core.config_tenants import Limits, TenantConfig
 
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
 TenantName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -26,23 +26,27 @@ class _Body(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
 
 
 class CreateKey(_Body, frozen=True):
-    """``POST /admin/keys``. ``allowed_models`` None: every model the tenant may use."""
+    """``POST /admin/keys``. ``allowed_models`` None: every model the tenant may use.
+    ``limits`` None: the tenant's ``key_limits`` apply to this key; set: these instead."""
 
     tenant: Annotated[str, Meta(min_length=1)]
     name: Name = "default"
     allowed_models: Models | None = None
     expires_at: When | None = None
     metadata: dict[str, str] = {}
+    limits: Limits | None = None
 
 
 class UpdateKey(_Body, frozen=True):
     """``PATCH /admin/keys/{id}``: only the fields given change; ``null`` clears
-    ``allowed_models`` (every model) and ``expires_at`` (never)."""
+    ``allowed_models`` (every model), ``expires_at`` (never) and ``limits`` (the tenant's
+    ``key_limits`` again). ``limits`` given replaces the key's limits as a whole."""
 
     name: Name | UnsetType = UNSET
     allowed_models: Models | UnsetType | None = UNSET
     expires_at: When | UnsetType | None = UNSET
     metadata: dict[str, str] | UnsetType = UNSET
+    limits: Limits | UnsetType | None = UNSET
 
     def changes(self) -> dict[str, Any]:
         """The fields given, times as Unix seconds."""

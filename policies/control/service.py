@@ -24,8 +24,10 @@ from policies.control.records import (
     AuditEntry,
     KeyRecord,
     TenantRecord,
+    check_limits,
     check_metadata,
     edited,
+    limits_view,
     new_key,
     new_secret_for,
     revoked,
@@ -69,6 +71,10 @@ class ControlPlane:
         problem = check_metadata(changes.get("metadata") or {})
         if problem:
             _invalid(f"Invalid metadata: {problem}.", "metadata")
+        limits = changes.get("limits")
+        wrong = check_limits(limits) if limits is not None else None
+        if wrong:
+            _invalid(f"Invalid {wrong}: a limit is a positive number (or null).", wrong)
 
     async def create_key(
         self, request: CreateKey, catalog: Catalog, actor: str
@@ -89,6 +95,7 @@ class ControlPlane:
             expires_at=expires_at,
             allowed_models=request.allowed_models,
             metadata=request.metadata,
+            limits=request.limits,
             token_bytes=self._token_bytes,
         )
         details = {
@@ -97,6 +104,7 @@ class ControlPlane:
             "expires_at": record.expires_at,
             "allowed_models": record.allowed_models,
             "metadata": record.metadata,
+            "limits": limits_view(record.limits),
         }
         await self.store.create_key(record, AuditEntry(actor, "key.create", record.key_id, details))
         return plaintext, record
@@ -137,16 +145,22 @@ class ControlPlane:
     async def update_key(
         self, key_id: str, request: UpdateKey, catalog: Catalog, actor: str
     ) -> KeyRecord:
-        """Change a key's name, models, expiry or metadata; an expiry in the past expires
-        the key now."""
+        """Change a key's name, models, expiry, metadata or limits; an expiry in the past
+        expires the key now."""
         changes = request.changes()
         if not changes:
-            _invalid("Nothing to change: give name, allowed_models, expires_at or metadata.")
+            _invalid(
+                "Nothing to change: give name, allowed_models, expires_at, metadata or limits."
+            )
         self._check_key_fields(changes, catalog)
         now = self._clock.wall()
 
+        details = dict(changes)
+        if "limits" in details:  # every field, as GET shows them
+            details["limits"] = limits_view(details["limits"])
+
         def change(record: KeyRecord) -> tuple[KeyRecord, AuditEntry]:
-            return edited(record, changes, now), AuditEntry(actor, "key.update", key_id, changes)
+            return edited(record, changes, now), AuditEntry(actor, "key.update", key_id, details)
 
         return await self.store.change_key(key_id, change)
 

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from core.clock import Clock
-from core.config_tenants import TenantConfig
+from core.config_tenants import Limits, TenantConfig
 from policies.control.database import Database, Tx, migrate
 from policies.control.errors import ConflictError, NotFoundError
 from policies.control.records import AuditEntry, AuditRecord, KeyRecord, TenantRecord
@@ -34,6 +34,7 @@ KEY_COLUMNS = (
     "previous_valid_until",
     "allowed_models",
     "metadata",
+    "limits",  # JSON; NULL: the tenant's key_limits apply (migration 2)
 )
 _KEYS = ", ".join(KEY_COLUMNS)
 _KEY_UPSERT = (
@@ -48,6 +49,7 @@ _TENANT_UPSERT = (
 _json = msgspec.json.Encoder()
 _models = msgspec.json.Decoder(list[str] | None)
 _tags = msgspec.json.Decoder(dict[str, str])
+_limits = msgspec.json.Decoder(Limits)
 _tenant_config = msgspec.json.Decoder(TenantConfig)
 _details = msgspec.json.Decoder(dict[str, Any])
 
@@ -65,6 +67,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 def _key_params(record: KeyRecord) -> tuple[Any, ...]:
     models = None if record.allowed_models is None else _json.encode(record.allowed_models)
+    limits = None if record.limits is None else _json.encode(record.limits).decode()
     return (
         record.key_id,
         record.tenant,
@@ -78,6 +81,7 @@ def _key_params(record: KeyRecord) -> tuple[Any, ...]:
         record.previous_valid_until,
         None if models is None else models.decode(),
         _json.encode(record.metadata).decode(),
+        limits,
     )
 
 
@@ -86,6 +90,8 @@ def _key_record(row: Sequence[Any]) -> KeyRecord:
     models = fields.pop("allowed_models")
     fields["allowed_models"] = None if models is None else _models.decode(models)
     fields["metadata"] = _tags.decode(fields["metadata"])
+    limits = fields.pop("limits")
+    fields["limits"] = None if limits is None else _limits.decode(limits)
     return KeyRecord(**fields)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from core.config_tenants import FailureMode, Limits, TenantConfig
 from core.errors import RateLimitError
@@ -58,6 +59,13 @@ def specs_for(limits: Limits, scope: str) -> tuple[Spec, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=4096)
+def own_key_specs(limits: Limits) -> tuple[Spec, ...]:
+    """The specs of a key's own limits (``Principal.limits``), computed once per distinct
+    ``Limits`` value (they are frozen and hashable), not once per request."""
+    return specs_for(limits, "key")
+
+
 def key_for(spec: Spec, base: str, now: float) -> str:
     """``base`` is ``quota:{tenant}:t`` or ``quota:{tenant}:k:<key id>``; the braces make
     every key of a tenant one Redis Cluster hash slot, so one script may touch them all."""
@@ -103,6 +111,8 @@ class TenantPlan:
 
 
 def plan_for(name: str, config: TenantConfig) -> TenantPlan:
+    """``name``'s plan: its ``limits`` as tenant specs, its ``key_limits`` as the key specs
+    of every key without limits of its own."""
     return TenantPlan(
         f"quota:{{{name}}}",
         specs_for(config.limits, "tenant"),

@@ -1,5 +1,10 @@
 """Tenant quotas: RPM, TPM, concurrency, USD per UTC day and month, per tenant and per key.
 
+A key's limits are its tenant's ``key_limits``, or, when the principal carries limits of
+its own (``Principal.limits``, a control-plane key's), those instead; either way they count
+on the same counters (keyed by the key id), so a key moved from one to the other keeps
+what it used in the current windows. The tenant's ``limits`` apply on top.
+
 One ``admit`` = one ADMIT script (one EVALSHA on Redis) that checks and reserves every limit
 of the tenant and of the calling key, all or nothing. One ``settle`` = one SETTLE script
 that reconciles the reservation with real usage and releases the concurrency lease.
@@ -27,8 +32,8 @@ Store failures: a tenant with ``on_store_failure: open`` is checked against the 
 ``fallback`` (this replica's own memory store, i.e. per-replica local limits: during an
 outage N replicas admit up to N times the limit), counted in ``degraded_admissions`` and
 logged (at most every ``log_every_s``). ``closed`` answers 503 ``ServiceUnavailableError``.
-Principals without a tenant (open gateway, admin) and unknown tenants are not limited and
-touch no store.
+Principals without a tenant (open gateway, admin) are not limited and touch no store; nor
+are unknown tenants, except by a key's own limits.
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
-from core.config_tenants import TenantConfig
+from core.config_tenants import Limits, TenantConfig
 from core.errors import ServiceUnavailableError
 from core.tenancy import Principal
 from policies.quotas.checks import (
     Check,
     TenantPlan,
     key_for,
+    own_key_specs,
     plan_for,
     ratelimit_headers,
     rejection,
@@ -99,6 +105,7 @@ class _Ask:
 
     tenant: str
     key_id: str | None
+    limits: Limits | None  # the key's own; None: the tenant's key_limits
     tokens: int
     cost: float
     request_id: str
@@ -133,8 +140,24 @@ class QuotaManager:
         self.unavailable_rejections = 0  # 503s for fail-closed tenants
         self.settle_failures = 0  # settles lost to store errors (logged)
 
+    def _plan(self, tenant: str | None, key_limits: Limits | None) -> TenantPlan | None:
+        """The tenant's plan; for a tenant this manager does not know, a bare one when the
+        key has limits of its own (they apply whatever the tenant), else None."""
+        if tenant is None:
+            return None
+        plan = self._plans.get(tenant)
+        if plan is None and key_limits is not None:
+            plan = plan_for(tenant, TenantConfig())
+        return plan
+
     def _checks(
-        self, plan: TenantPlan, key_id: str | None, tokens: int, cost: float, now: float
+        self,
+        plan: TenantPlan,
+        key_id: str | None,
+        key_limits: Limits | None,
+        tokens: int,
+        cost: float,
+        now: float,
     ) -> tuple[Check, ...]:
         amounts = {
             "requests": 1.0,
@@ -147,17 +170,18 @@ class QuotaManager:
             Check(s, key_for(s, plan.base + ":t", now), amounts[s.metric])
             for s in plan.tenant_specs
         ]
-        if key_id is not None and plan.key_specs:
+        key_specs = plan.key_specs if key_limits is None else own_key_specs(key_limits)
+        if key_id is not None and key_specs:
             base = f"{plan.base}:k:{key_id}"
-            out += [Check(s, key_for(s, base, now), amounts[s.metric]) for s in plan.key_specs]
+            out += [Check(s, key_for(s, base, now), amounts[s.metric]) for s in key_specs]
         return tuple(out)
 
     def admits_without_io(self, principal: Principal) -> bool:
         """True when ``admit`` for ``principal`` never waits on I/O: the principal has no
         limits here, or the store is this process's memory store (whose scripts run
         without awaiting anything)."""
-        tenant = principal.tenant
-        return tenant is None or tenant not in self._plans or isinstance(self.store, MemoryStore)
+        plan = self._plan(principal.tenant, principal.limits)
+        return plan is None or isinstance(self.store, MemoryStore)
 
     async def admit(
         self, principal: Principal, est_tokens: int, est_cost_usd: float, request_id: str
@@ -168,10 +192,17 @@ class QuotaManager:
         ``ServiceUnavailableError`` (503) when the store is down and the tenant fails
         closed (or the fallback fails too). Raises nothing else."""
         tenant = principal.tenant
-        plan = self._plans.get(tenant) if tenant is not None else None
+        plan = self._plan(tenant, principal.limits)
         if plan is None or tenant is None:
             return Admission(request_id, tenant, principal.key_id)
-        ask = _Ask(tenant, principal.key_id, max(0, est_tokens), _usd(est_cost_usd), request_id)
+        ask = _Ask(
+            tenant,
+            principal.key_id,
+            principal.limits,
+            max(0, est_tokens),
+            _usd(est_cost_usd),
+            request_id,
+        )
         try:
             return await self._admit_on(self.store, plan, ask, degraded=False)
         except StoreUnavailableError as exc:
@@ -189,7 +220,7 @@ class QuotaManager:
         self, store: Store, plan: TenantPlan, ask: _Ask, *, degraded: bool
     ) -> Admission:
         now = store.now()
-        checks = self._checks(plan, ask.key_id, ask.tokens, ask.cost, now)
+        checks = self._checks(plan, ask.key_id, ask.limits, ask.tokens, ask.cost, now)
         if not checks:
             return Admission(ask.request_id, ask.tenant, ask.key_id, degraded)
         args: list[Value] = [now, ask.request_id]
@@ -230,17 +261,20 @@ class QuotaManager:
                 degraded_admissions=self.degraded_admissions,
             )
 
-    async def current(self, tenant: str, key_id: str | None = None) -> list[dict[str, Any]]:
+    async def current(
+        self, tenant: str, key_id: str | None = None, key_limits: Limits | None = None
+    ) -> list[dict[str, Any]]:
         """The tenant's (and, with ``key_id``, that key's) use of each of its limits right
         now, read from the shared store without changing it: one entry per limit with
         ``scope``, ``metric``, ``limit`` and ``used`` (live leases for concurrency; the
-        current window's counter otherwise). Empty for an unknown or unlimited tenant.
-        Raises ``StoreUnavailableError`` when the store is down."""
-        plan = self._plans.get(tenant)
+        current window's counter otherwise). ``key_limits``: the key's own limits, if it
+        has any (else the tenant's ``key_limits`` are shown). Empty for an unknown or
+        unlimited tenant. Raises ``StoreUnavailableError`` when the store is down."""
+        plan = self._plan(tenant, key_limits)
         if plan is None:
             return []
         now = self.store.now()
-        checks = self._checks(plan, key_id, 0, 0.0, now)
+        checks = self._checks(plan, key_id, key_limits, 0, 0.0, now)
         if not checks:
             return []
         reply = await self.store.run(
