@@ -42,6 +42,7 @@ import structlog
 from litestar.types import ASGIApp
 
 from core.config_batch import BatchConfig
+from core.tenancy import Principal
 from gateway.jobs import housekeeping
 from gateway.jobs.inprocess import Answer, call_app, internal_failure
 from gateway.jobs.webhooks import WebhookSender
@@ -194,7 +195,7 @@ class BatchRunner:
     async def _run(self, item: Claim) -> None:
         now, share = self.state.clock.wall(), self.settings.managed_after
         first = local_first(item.created_at, item.expires_at, now, share)
-        caller = BatchCaller(item.principal, item.batch_id, first)
+        caller = BatchCaller(self._principal(item.principal), item.batch_id, first)
         try:
             answer = await call_app(self.app, item.url, item.body, caller, item.custom_id)
         except Exception:
@@ -205,6 +206,16 @@ class BatchRunner:
         except Exception:
             _log.exception("batch.result_not_stored", batch_id=item.batch_id, line=item.line)
             self._orphans.append(item)  # handed back by the heartbeat
+
+    def _principal(self, stored: Principal) -> Principal:
+        """The batch's creator as the control plane knows its key now (the key's models,
+        tags and own limits apply to the items as to its requests); the stored one
+        without a control plane or for another kind of caller."""
+        control = self.state.control
+        if control is None or stored.via != "api_key" or stored.key_id is None:
+            return stored
+        live = control.index.principal(stored.key_id)
+        return live if live is not None and live.tenant == stored.tenant else stored
 
     async def _record(self, item: Claim, answer: Answer) -> None:
         if answer.status in RETRY_STATUSES:

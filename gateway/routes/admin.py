@@ -102,13 +102,16 @@ async def tenant_quota(
     concurrency leases and the current windows' counters, from the shared store. 404 for
     an unknown tenant, 503 while the store is unreachable."""
     require_admin(request)
-    runtime = _state(request).runtime
+    state = _state(request)
+    runtime = state.runtime
     if tenant not in runtime.config.tenants:
         error = ModelNotFoundError(f"No tenant named '{tenant}'.", param="tenant")
         error.code = "tenant_not_found"
         raise error
     try:
-        limits = await runtime.quotas.current(tenant, key_id)
+        record = state.control.index.record(key_id) if state.control and key_id else None
+        own = record.limits if record is not None else None  # the key's own, if it has any
+        limits = await runtime.quotas.current(tenant, key_id, own)
     except StoreUnavailableError as exc:
         raise ServiceUnavailableError(f"Quota state is unavailable: {exc}") from exc
     body = {"tenant": tenant, "key_id": key_id, "limits": limits}

@@ -4,8 +4,9 @@ aggregated per day, model or key, plus parsing of the export filters.
 The columns are documented in ``docs/usage_export.md`` (FinOps FOCUS names where a FOCUS
 column means the same thing: ``BilledCost``, ``EffectiveCost``, ``BillingCurrency``,
 ``ChargePeriodStart``/``End``, ``ChargeCategory``, ``ConsumedQuantity``/``Unit``,
-``SubAccountId`` for the tenant, ``ResourceId`` for the upstream model). Times are ISO 8601
-UTC (``2024-05-01T12:00:00.000Z``). ``RAW_COLUMNS`` and ``GROUP_COLUMNS`` are the order.
+``SubAccountId`` for the tenant, ``ResourceId`` for the upstream model, ``Tags`` for
+the API key's metadata as JSON text). Times are ISO 8601 UTC
+(``2024-05-01T12:00:00.000Z``). ``RAW_COLUMNS`` and ``GROUP_COLUMNS`` are the order.
 
 Nothing is buffered beyond one line: CSV starts with its header before the first row is
 read; with ``group_by`` the input is consumed fully but only one running total per group
@@ -44,7 +45,7 @@ RAW_COLUMNS: tuple[str, ...] = (
     "key_id", "model", "provider", "ResourceId", "endpoint", "stream", "status", "error",
     "prompt_tokens", "completion_tokens", "cached_tokens", "ConsumedQuantity", "ConsumedUnit",
     "BilledCost", "EffectiveCost", "BillingCurrency", "ttft_ms", "latency_ms", "queue_ms",
-    "attempts", "fallbacks", "cache_hit", "client_request_id", "usage_estimated",
+    "attempts", "fallbacks", "cache_hit", "client_request_id", "usage_estimated", "Tags",
 )  # fmt: skip
 GROUP_COLUMNS: tuple[str, ...] = (
     "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "SubAccountId", "key_id",
@@ -198,6 +199,7 @@ def raw_record(row: UsageRow) -> dict[str, Any]:
         "cache_hit": row.cache_hit,
         "client_request_id": row.client_request_id,
         "usage_estimated": row.usage_estimated,
+        "Tags": row.tags,
     }
 
 
