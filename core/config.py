@@ -63,6 +63,9 @@ class OpenAIProviderConfig(ProviderBase, tag="openai", tag_field="type", frozen=
     # the gateway's /v1/responses are passed through to it. None = auto: only OpenAI's own
     # base_url (Groq, Together, vLLM and other compatibles vary).
     responses_api: bool | None = None
+    # Batches whose requests all go to this provider run through its Batch API (OpenAI's
+    # ``/v1/files`` + ``/v1/batches``) instead of one request at a time (docs/batches.md).
+    batch_api: bool = False
 
 
 class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True):
@@ -87,6 +90,7 @@ class AnthropicProviderConfig(ProviderBase, tag="anthropic", tag_field="type", f
     base_url: str = "https://api.anthropic.com"
     anthropic_version: str = "2023-06-01"
     default_max_tokens: PositiveInt = 4096
+    batch_api: bool = False  # batches for this provider use its Message Batches API
 
 
 class GeminiProviderConfig(ProviderBase, tag="gemini", tag_field="type", frozen=True):

@@ -116,6 +116,8 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
       failed attempt is ``base * 2**(n-1)`` plus up to a quarter of it (jitter), at most
       the maximum (or the receiver's ``Retry-After`` when that is longer, within it).
     - ``webhook_timeout_s``: how long one attempt may take, connect to status line.
+    - ``provider_poll_interval_s``: how often a batch sent to a provider's own batch API
+      (a provider with ``batch_api: true``) is polled for its status.
     """
 
     backend: Literal["sqlite", "postgres"] = "sqlite"
@@ -141,6 +143,7 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     webhook_retry_base_s: PositiveFloat = 5.0
     webhook_max_retry_delay_s: PositiveFloat = 6 * 3600.0
     webhook_timeout_s: PositiveFloat = 15.0
+    provider_poll_interval_s: PositiveFloat = 30.0
 
     def __post_init__(self) -> None:
         problem = self._store_problem()

@@ -1,5 +1,6 @@
 """The runner's bookkeeping between claims, in this order: validate new batches (validating
--> in_progress | failed), stop batches past their completion window, drop what stopping
+-> in_progress | failed; a batch a provider's batch API takes is marked with that provider,
+``provider_route``), stop batches past their completion window, drop what stopping
 batches will not run, finalize every batch whose items all settled, and, when due, delete
 expired files, batches and ended webhook deliveries. Every step is a guarded transaction
 in the store, so replicas may run it at the same time: each change happens once, and so
@@ -11,6 +12,7 @@ import asyncio
 
 import structlog
 
+from gateway.jobs.provider_route import provider_for
 from gateway.jobs.validate import body_check
 from gateway.process.runtime import Runtime
 from policies.jobs import JobStore
@@ -49,9 +51,10 @@ async def _validate_one(store: JobStore, runtime: Runtime, pending: Pending) -> 
         failed = await store.fail(pending.id, errors)
         _log.info("batch.failed", batch_id=pending.id, errors=len(errors))
         return int(failed)
-    started = await store.start(pending, requests)
+    provider = provider_for(runtime, pending.principal, pending.endpoint, requests)
+    started = await store.start(pending, requests, provider)
     if started:
-        _log.info("batch.started", batch_id=pending.id, requests=len(requests))
+        _log.info("batch.started", batch_id=pending.id, requests=len(requests), provider=provider)
     return int(started)
 
 

@@ -19,6 +19,9 @@ before the state drains. Three loops and a sender:
 - **heartbeat**: renews this runner's leases every third of ``lease_s``.
 - **webhooks** (``webhooks.WebhookSender``): sends the batch events the store queued
   with each status change (``batch.webhooks``); woken when bookkeeping changed a status.
+- **provider batches** (``provider_batches.ProviderBatches``): batches routed to a
+  provider's own batch API (``provider_route``) are claimed whole, submitted and polled
+  there; their items never enter the work loop.
 
 An item's answer is final unless it is a 429 or a 503 (a quota, the queue, an upstream
 that rate-limits, no target right now): then the item goes back to pending and waits
@@ -45,6 +48,7 @@ from core.config_batch import BatchConfig
 from core.tenancy import Principal
 from gateway.jobs import housekeeping
 from gateway.jobs.inprocess import Answer, call_app, internal_failure
+from gateway.jobs.provider_batches import ProviderBatches
 from gateway.jobs.webhooks import WebhookSender
 from gateway.process.state import GatewayState
 from gateway.request.batch import BatchCaller, local_first
@@ -77,6 +81,9 @@ class BatchRunner:
         self.webhooks = WebhookSender(
             store, state.client, lambda: self.settings, state.env, self.owner
         )
+        self.remote = ProviderBatches(
+            state, store, self.owner, lambda: self.settings, self._principal, self._changed
+        )
 
     @property
     def settings(self) -> BatchConfig:
@@ -87,12 +94,19 @@ class BatchRunner:
         loops = (self._work(), self._keep_books(), self._heartbeat())
         self._loops = [asyncio.create_task(loop) for loop in loops]
         self.webhooks.start()
+        self.remote.start()
 
     def wake(self) -> None:
         """Something changed here (a batch created or cancelled): look now."""
         self._books.set()
         self._wake.set()
         self.webhooks.wake()  # a cancel may have queued an event
+        self.remote.wake()
+
+    def _changed(self) -> None:
+        """A provider batch's items were recorded or handed back: finalize, claim."""
+        self._books.set()
+        self._wake.set()
 
     async def aclose(self, grace_s: float) -> None:
         """Stop claiming; give running items ``grace_s`` to finish; cancel the rest and
@@ -102,6 +116,7 @@ class BatchRunner:
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        await self.remote.aclose()  # its batches are released below with the items
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=grace_s)
         for task in list(self._tasks):
@@ -161,6 +176,7 @@ class BatchRunner:
         self.store.webhooks = self.settings.webhooks
         if await housekeeping.validate(self.store, self.state.runtime):
             self._wake.set()  # a batch started: its items are claimable
+            self.remote.wake()  # or the batch itself, when a provider's batch API runs it
             self.webhooks.wake()  # and batch.in_progress / batch.failed may be queued
         if await housekeeping.settle(self.store):
             self.webhooks.wake()  # each finalized batch queued its event

@@ -254,15 +254,17 @@ def start_batch(
     requests: Sequence[Request],
     now: float,
     webhooks: Mapping[str, WebhookConfig] | None = None,
+    provider: str | None = None,
 ) -> bool:
     """validating -> in_progress with one pending item per request (and
     ``batch.in_progress`` queued), in one transaction; False when the batch is no longer
-    validating (cancelled, or another runner won)."""
+    validating (cancelled, or another runner won). ``provider``: the batch runs through
+    that provider's batch API (``remote``), not item by item."""
     with db.write():
         cursor = db.execute(
-            "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?"
-            " WHERE id = ? AND status = 'validating'",
-            (int(now), len(requests), pending.id),
+            "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?,"
+            " provider = ? WHERE id = ? AND status = 'validating'",
+            (int(now), len(requests), provider, pending.id),
         )
         if cursor.rowcount != 1:
             return False

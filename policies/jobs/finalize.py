@@ -34,11 +34,13 @@ _FINAL: dict[str | None, tuple[str, str]] = {
 def drop_stopped(db: Db, *, now: float) -> int:
     """In batches that are cancelling or expiring, fail every item that is pending or
     whose lease ran out (its runner is gone) with ``batch_cancelled`` / ``batch_expired``;
-    items running under a live lease finish. One transaction per batch; returns how many
-    items were dropped."""
+    items running under a live lease finish. A batch submitted to a provider's batch API
+    is left to its loop (``remote``), which cancels it there and records what it did.
+    One transaction per batch; returns how many items were dropped."""
     stopping = db.execute(
         "SELECT id, closing FROM batches"
-        " WHERE status IN ('in_progress', 'cancelling') AND closing IS NOT NULL ORDER BY seq"
+        " WHERE status IN ('in_progress', 'cancelling') AND closing IS NOT NULL"
+        " AND provider_batch_id IS NULL ORDER BY seq"
     ).fetchall()
     dropped = 0
     for batch_id, closing in stopping:

@@ -212,6 +212,13 @@ def answered_line(custom_id: str, status: int, request_id: str, body: bytes) -> 
     return _encode(OutputLine(id=new_id("batch_req_"), custom_id=custom_id, response=response))
 
 
+def error_line(custom_id: str, code: str, message: str) -> bytes:
+    """The error line of a request that got no answer, for the reason given (a provider's
+    batch that did not run it)."""
+    error = OutputError(code=code, message=message)
+    return _encode(OutputLine(id=new_id("batch_req_"), custom_id=custom_id, error=error))
+
+
 def dropped_line(custom_id: str, why: Literal["cancelled", "expired"]) -> bytes:
     """The error line of a request that never ran."""
     return _encode(OutputLine(id=new_id("batch_req_"), custom_id=custom_id, error=DROPPED[why]))

@@ -145,6 +145,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             " WHERE state != 'pending'",
         ),
     ),
+    Migration(
+        2,
+        "batches.provider, batches.provider_batch_id (provider batch APIs)",
+        (
+            "ALTER TABLE batches ADD COLUMN provider TEXT",
+            "ALTER TABLE batches ADD COLUMN provider_batch_id TEXT",
+        ),
+    ),
 )
 
 _CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (

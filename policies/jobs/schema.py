@@ -109,6 +109,9 @@ _ADDED_COLUMNS = (
     ("batches", "cached_tokens", "INTEGER NOT NULL DEFAULT 0"),
     ("batches", "output_tokens", "INTEGER NOT NULL DEFAULT 0"),
     ("batches", "reasoning_tokens", "INTEGER NOT NULL DEFAULT 0"),
+    # provider batches (``remote``): the provider whose batch API runs it, and its batch id
+    ("batches", "provider", "TEXT"),
+    ("batches", "provider_batch_id", "TEXT"),
 )
 _INDEXES = (
     "CREATE INDEX IF NOT EXISTS files_tenant ON files (tenant, seq)",

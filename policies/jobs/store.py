@@ -38,7 +38,7 @@ import structlog
 from core.clock import Clock
 from core.config_batch import WebhookConfig
 from core.tenancy import Principal
-from policies.jobs import batches, files, finalize, outbox, work
+from policies.jobs import batches, files, finalize, outbox, remote, work
 from policies.jobs.batches import Pending, tenant_key
 from policies.jobs.db import Backend, Db
 from policies.jobs.errors import JobStoreUnavailableError
@@ -52,6 +52,7 @@ from policies.jobs.objects import (
     FileObject,
 )
 from policies.jobs.outbox import Delivery, DeliveryRecord
+from policies.jobs.remote import Outcome, RemoteClaim
 from policies.jobs.schema import SqliteJobs
 from policies.jobs.usage import NO_USAGE, ItemUsage
 from policies.jobs.work import Claim
@@ -219,9 +220,13 @@ class JobStore:
         found = await self._call(files.file_content, pending.tenant, pending.input_file_id, now)
         return None if found is None else found[1]
 
-    async def start(self, pending: Pending, requests: Sequence[Request]) -> bool:
+    async def start(
+        self, pending: Pending, requests: Sequence[Request], provider: str | None = None
+    ) -> bool:
         now = self.clock.wall()
-        return await self._call(batches.start_batch, pending, requests, now, self.webhooks)
+        return await self._call(
+            batches.start_batch, pending, requests, now, self.webhooks, provider
+        )
 
     async def fail(self, batch_id: str, errors: Sequence[BatchError]) -> bool:
         return await self._call(
@@ -265,6 +270,29 @@ class JobStore:
 
     async def release(self, owner: str) -> int:
         return await self._call(work.release, owner)
+
+    # -- provider batches (``remote``) -----------------------------------------------------
+
+    async def claim_remote(self, owner: str, lease_s: float) -> RemoteClaim | None:
+        return await self._call(remote.claim, owner, now=self.clock.wall(), lease_s=lease_s)
+
+    async def record_remote_id(self, owner: str, batch_id: str, remote_id: str) -> bool:
+        return await self._call(remote.record_id, owner, batch_id, remote_id)
+
+    async def remote_closing(self, batch_id: str) -> str | None:
+        return await self._call(remote.closing, batch_id)
+
+    async def finish_remote(
+        self, owner: str, batch_id: str, outcomes: Sequence[Outcome], model: str | None
+    ) -> bool:
+        return await self._call(remote.finish, owner, batch_id, outcomes, model)
+
+    async def back_off_remote(self, owner: str, batch_id: str, delay_s: float) -> int:
+        not_before = self.clock.wall() + delay_s
+        return await self._call(remote.back_off, owner, batch_id, not_before=not_before)
+
+    async def unroute_remote(self, owner: str, batch_id: str) -> bool:
+        return await self._call(remote.unroute, owner, batch_id)
 
     async def drop_stopped(self) -> int:
         return await self._call(finalize.drop_stopped, now=self.clock.wall())

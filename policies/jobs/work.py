@@ -18,6 +18,9 @@ no item runs twice while a lease holds and none is lost when a runner dies.
   lease (another took the item over) writes nothing: the first result stays the only one.
 - ``retry_later``: back to pending, not claimable before ``not_before``.
 - ``release``: a runner that stops hands its unfinished items back at once.
+
+Batches sent to a provider's own batch API (``batches.provider`` set) are never claimed
+here: ``remote`` claims them whole.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ WITH ranked AS (
     SELECT i.batch_id, i.line, b.seq,
            ROW_NUMBER() OVER (PARTITION BY b.tenant ORDER BY b.seq, i.line) AS turn
     FROM batches b JOIN items i ON i.batch_id = b.id
-    WHERE b.status = 'in_progress' AND b.closing IS NULL AND {_CLAIMABLE}
+    WHERE b.status = 'in_progress' AND b.closing IS NULL AND b.provider IS NULL
+      AND {_CLAIMABLE}
       AND i.line IN (
           SELECT i.line FROM items i WHERE i.batch_id = b.id AND {_CLAIMABLE}
           ORDER BY i.line LIMIT :window)

@@ -321,6 +321,21 @@ class QuotaManager:
                 lease_release="retried" if leases else "none",
             )
 
+    async def charge(self, principal: Principal, tokens: int, cost_usd: float, ref: str) -> None:
+        """Add usage that ran without an admission here (a provider's batch API answered
+        it) to the token and spend counters of the current windows of ``principal``'s
+        tenant and key: never refused, it makes later requests meet their limits sooner.
+        Requests and concurrency are not counted (none ran through the gateway). ``ref``
+        names the charge in logs. Never raises, like ``settle``."""
+        plan = self._plan(principal.tenant, principal.limits)
+        if plan is None:
+            return
+        now = self.store.now()
+        checks = self._checks(plan, principal.key_id, principal.limits, 0, 0.0, now)
+        counted = tuple(c for c in checks if c.spec.kind != "c")
+        held = Admission(ref, principal.tenant, principal.key_id, False, self.store, counted)
+        await self.settle(held, tokens, cost_usd)  # reserved 0: the whole usage is the delta
+
     def _settle_args(
         self, admission: Admission, now: float, actual: dict[str, float]
     ) -> tuple[list[str], list[Value]]:
