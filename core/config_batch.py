@@ -99,6 +99,8 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     - ``yield_above_in_flight``: the runner claims no new item while more interactive
       requests than this are in flight on this gateway, or while any request waits in the
       admission queue (items already running finish).
+    - ``yield_quiet_s``: with ``yield_above_in_flight: 0``, also none until this long after
+      the last interactive request ended (a gap in a burst is not idle capacity).
     - ``lease_s``: how long a claimed item is reserved for its runner; the runner renews
       its leases every third of it, so an item is re-run by another runner only when its
       runner stopped renewing (crashed) for this long.
@@ -132,6 +134,7 @@ class BatchConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     managed_after: Ratio = 0.5
     discount: Ratio = 0.5
     yield_above_in_flight: Annotated[int, Meta(ge=0)] = 16
+    yield_quiet_s: Annotated[float, Meta(ge=0)] = 2.0
     lease_s: PositiveFloat = 60.0
     poll_interval_s: PositiveFloat = 1.0
     retention_s: PositiveFloat = 30 * 86400.0

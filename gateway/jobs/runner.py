@@ -5,8 +5,10 @@ One runner per gateway process, started by the app's lifespan (``open_jobs``) an
 before the state drains. Three loops and a sender:
 
 - **work**: (1) *yield*: no new claim while this gateway has more than
-  ``yield_above_in_flight`` interactive requests in flight (all requests in flight minus
-  the runner's own) or any request waits in the admission queue; running items finish,
+  ``yield_above_in_flight`` interactive requests in flight (the runner's own are not
+  interactive), any request waits in the admission queue, or, with
+  ``yield_above_in_flight: 0``, within ``yield_quiet_s`` of the last interactive request's
+  end; running items finish,
   so interactive traffic gets the capacity back within one item's duration; (2) wait for
   a free slot (``concurrency`` items at once); (3) claim what the slots can take
   (``policies.jobs.work``: leased, so replicas sharing the store never run one item twice
@@ -186,10 +188,17 @@ class BatchRunner:
             await housekeeping.sweep(self.store)
 
     def busy(self) -> bool:
-        """Whether interactive traffic should have this gateway to itself for now."""
-        interactive = self.state.in_flight.requests - len(self._tasks)
-        limit = self.settings.yield_above_in_flight
-        return interactive > limit or self.state.queue.depth > 0
+        """Whether interactive traffic should have this gateway to itself for now: more
+        than ``yield_above_in_flight`` interactive requests in flight, any request queued,
+        or (with none allowed beside batch work) the last one ended less than
+        ``yield_quiet_s`` ago (interactive traffic comes in bursts: a gap between two of
+        its requests is not room for batch work that would then share the engine with
+        the next)."""
+        settings, in_flight = self.settings, self.state.in_flight
+        if in_flight.interactive > settings.yield_above_in_flight or self.state.queue.depth > 0:
+            return True
+        quiet = settings.yield_quiet_s if settings.yield_above_in_flight == 0 else 0.0
+        return in_flight.interactive_quiet_for() < quiet
 
     async def _until_quiet(self) -> None:
         while self.busy():

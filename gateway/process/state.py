@@ -66,22 +66,38 @@ def local_replicas(runtime: Runtime) -> dict[str, ReplicaSpec]:
 
 
 class InFlight:
-    """Counts requests and ledger commits in progress, so shutdown can wait for them."""
+    """Counts requests and ledger commits in progress, so shutdown can wait for them, and
+    the interactive ones (not the batch runner's) with when the last of them ended, so batch
+    work can keep out of their way (``clock.now()`` seconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.requests = 0
+        self.interactive = 0
+        self.interactive_ended_at = -float("inf")  # the last time interactive ones hit 0
+        self._clock = clock
         self._idle = asyncio.Event()
         self._idle.set()
         self.commits: set[asyncio.Task[None]] = set()
 
-    def enter(self) -> None:
+    def enter(self, *, interactive: bool = True) -> None:
         self.requests += 1
+        self.interactive += interactive
         self._idle.clear()
 
-    def leave(self) -> None:
+    def leave(self, *, interactive: bool = True) -> None:
         self.requests -= 1
+        if interactive:
+            self.interactive -= 1
+            if self.interactive == 0:
+                self.interactive_ended_at = self._clock.now()
         if self.requests == 0:
             self._idle.set()
+
+    def interactive_quiet_for(self) -> float:
+        """Seconds since the last interactive request ended (0 while one is in flight)."""
+        if self.interactive > 0:
+            return 0.0
+        return self._clock.now() - self.interactive_ended_at
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight (or the timeout); then for every commit."""
@@ -148,7 +164,7 @@ class GatewayState:
         self.responses = ResponseCache(config.response_cache, shared, self.clock)
         self.sticky = StickyRoutes(shared, config.routing.prompt_cache.sticky_ttl_s, self.clock)
         self.created = int(time.time())
-        self.in_flight = InFlight()
+        self.in_flight = InFlight(self.clock)
         self._start_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 

@@ -72,7 +72,7 @@ class Scope:
         self._held: list[AsyncIterator[Any]] = []
         self.client_gone = False  # set by the edge when the client disconnects
         self.batch = batch_caller(request)  # set when the batch runner makes this request
-        self.state.in_flight.enter()
+        self.state.in_flight.enter(interactive=self.batch is None)
         self.telemetry: Telemetry = request.app.state.telemetry
         self.telemetry.started(self.record, self.headers, self.runtime.config)
         request.scope.setdefault("state", {})[SCOPE_KEY] = self  # for the edge's ``abandon``
@@ -334,7 +334,7 @@ class Scope:
             self._count_goodput(status)
             record.finish(status, error)
             self.telemetry.finished(record, self.runtime.config, status, error)
-            self.state.in_flight.leave()
+            self.state.in_flight.leave(interactive=self.batch is None)
 
     def _count_goodput(self, status: int) -> None:
         record = self.record
