@@ -7,21 +7,23 @@ Run from the repository root (takes a few minutes; stops by itself)::
 
 Per seed it starts one real ``switchyard serve`` on the bundled SmolLM2-135M (the in-process
 JAX engine, CPU), with batches run at ``batch.concurrency`` items at once and
-``yield_above_in_flight: 0`` (no new item while an interactive request is in flight), then:
+``yield_above_in_flight: 0`` (no new item while an interactive request is in flight, nor
+within ``yield_quiet_s`` of the last one's end), then:
 
 0. **warm-up**: a batch of ``2 x concurrency`` items with probes beside it, so the engine
    has compiled the batch shapes the measurement meets (it compiles each on first use);
 1. **idle**: ``--probes`` interactive streamed chat requests, one after another with a
-   random pause (0.2-0.6 s) between them; TTFT is timed at the client (official ``openai``
-   SDK) to the first content chunk;
+   random pause (0.2-4 s: shorter and longer than ``batch.yield_quiet_s``) between them;
+   TTFT is timed at the client (official ``openai`` SDK) to the first content chunk;
 2. **batch**: uploads ``--items`` chat requests (``max_tokens`` 32, ``ignore_eos`` is not
    available through the API, so outputs may end early: the tokens come from the batch's
    ``usage``), creates the batch and, while it runs, sends the same kind of probes;
    records the batch's wall time (``in_progress_at`` to ``completed_at``, whole seconds, so
    also timed at the client), items/s and output tokens/s.
 
-It prints, per seed and pooled: TTFT p50/p95 idle and under the batch, their ratio, and
-the batch's throughput. Prompts differ per seed and per probe (no prefix-cache hits).
+It prints, per seed and pooled: TTFT p50/p95 idle and under the batch, their ratio, the
+batch requests done while the probes ran (``beside``: how much the batch yielded), and the
+batch's throughput. Prompts differ per seed and per probe (no prefix-cache hits).
 Figures are this machine's (2 cores); run it alone.
 """
 
@@ -42,6 +44,9 @@ import openai
 from bench.routing_e2e.gateway import Gateway
 
 ALIAS = "smollm2"
+# Pauses between probes: shorter and longer than batch.yield_quiet_s (2 s), so some probes
+# meet a paused batch and some arrive while batch items run.
+GAP_S = (0.2, 4.0)
 WORDS = [
     "river",
     "stone",
@@ -99,7 +104,7 @@ def probes(client: openai.OpenAI, rng: random.Random, count: int, until: Any = N
         if until is not None and until():
             break
         found.append(probe(client, rng))
-        time.sleep(rng.uniform(0.2, 0.6))
+        time.sleep(rng.uniform(*GAP_S))
     return found
 
 
@@ -166,6 +171,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
             batch = submit(client, batch_lines(rng, args.items))
             started = time.monotonic()
             busy = probes(client, rng, args.probes, until=lambda: finished(client, batch))
+            beside = client.batches.retrieve(batch).request_counts
             done = wait_done(client, batch, args.max_seconds)
             wall = time.monotonic() - started
         finally:
@@ -180,6 +186,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "busy": busy,
         "batch_status": done.status,
         "completed": done.request_counts.completed if done.request_counts else 0,
+        "done_beside_probes": beside.completed if beside else 0,
         "wall_s": wall,
         "items_per_s": args.items / wall,
         "output_tok_per_s": output / wall,
@@ -194,14 +201,16 @@ def pct(values: list[float], q: float) -> float:
 def report(results: list[dict[str, Any]]) -> None:
     print(
         f"{'seed':>6} {'idle p50':>9} {'idle p95':>9} {'busy p50':>9} {'busy p95':>9}"
-        f" {'p50 x':>6} {'probes':>7} {'items':>6} {'wall s':>7} {'items/s':>8} {'tok/s':>7}"
+        f" {'p50 x':>6} {'probes':>7} {'beside':>6} {'items':>6} {'wall s':>7}"
+        f" {'items/s':>8} {'tok/s':>7}"
     )
     for r in results:
         ratio = statistics.median(r["busy"]) / statistics.median(r["idle"]) if r["busy"] else 0
         print(
             f"{r['seed']:>6} {pct(r['idle'], 0.5) * 1000:>8.0f}m {pct(r['idle'], 0.95) * 1000:>8.0f}m"
             f" {pct(r['busy'], 0.5) * 1000:>8.0f}m {pct(r['busy'], 0.95) * 1000:>8.0f}m"
-            f" {ratio:>6.2f} {len(r['busy']):>7} {r['completed']:>6} {r['wall_s']:>7.1f}"
+            f" {ratio:>6.2f} {len(r['busy']):>7} {r['done_beside_probes']:>6}"
+            f" {r['completed']:>6} {r['wall_s']:>7.1f}"
             f" {r['items_per_s']:>8.2f} {r['output_tok_per_s']:>7.1f}"
         )
     idle = [t for r in results for t in r["idle"]]
