@@ -267,8 +267,12 @@ def test_files_the_gateway_writes_are_on_writable_volumes(folder):
     objects = render(folder)
     spec = gateway_container(objects)
     writable = [m["mountPath"] for m in spec["volumeMounts"] if not m.get("readOnly")]
-    batch = policy(objects)["batch"]["path"]
-    assert any(batch.startswith(path + "/") for path in writable), batch
+    config = policy(objects)
+    files = [config["ledger"]["spool_path"]]
+    if config["batch"].get("backend", "sqlite") == "sqlite":
+        files.append(config["batch"]["path"])
+    for file in files:
+        assert any(file.startswith(path + "/") for path in writable), file
 
 
 # ------------------------------------------------------------------------------- the workers
