@@ -12,7 +12,7 @@ exclusive, both Unix seconds compared with ``UsageRow.ts``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.tenancy import UsageRow
 
@@ -46,3 +46,32 @@ def matches(row: UsageRow, tenant: str | None, start: float | None, end: float |
     if start is not None and row.ts < start:
         return False
     return end is None or row.ts < end
+
+
+COLUMNS: tuple[str, ...] = UsageRow.__struct_fields__  # every backend's row, in this order
+
+
+def keyset_page_query(
+    table: str,
+    mark: str,
+    tenant: str | None,
+    start: float | None,
+    end: float | None,
+    after: tuple[float, str] | None,
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """The SELECT of one page of ``table`` for the SQL backends (``mark``: the driver's
+    placeholder, ``?`` or ``%s``): the read filters plus ``(ts, request_id) > after``
+    (keyset pagination: each page is an index range scan, never an OFFSET)."""
+    where: list[str] = []
+    args: list[Any] = []
+    for condition, value in (("tenant =", tenant), ("ts >=", start), ("ts <", end)):
+        if value is not None:
+            where.append(f"{condition} {mark}")
+            args.append(value)
+    if after is not None:
+        where.append(f"(ts, request_id) > ({mark}, {mark})")
+        args.extend(after)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    order = f"ORDER BY ts, request_id LIMIT {mark}"
+    return f"SELECT {', '.join(COLUMNS)} FROM {table}{clause} {order}", [*args, limit]

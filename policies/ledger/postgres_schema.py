@@ -30,11 +30,11 @@ from typing import Any
 import msgspec
 
 from core.tenancy import UsageRow
+from policies.ledger.base import COLUMNS, keyset_page_query
 from policies.pg import Connection
 
 COMPONENT = "ledger"
 TABLE = "usage_ledger"
-COLUMNS: tuple[str, ...] = UsageRow.__struct_fields__
 # Any constant (b"SYLEDGER" as an integer): the advisory lock key of schema migrations.
 MIGRATION_LOCK = 0x53594C4544474552
 
@@ -171,25 +171,8 @@ def page_query(
     after: tuple[float, str] | None,
     limit: int,
 ) -> tuple[str, list[Any]]:
-    """The SELECT of one page: the filters plus ``(ts, request_id) > after`` (keyset
-    pagination: each page is an index range scan, never an OFFSET)."""
-    where: list[str] = []
-    args: list[Any] = []
-    if tenant is not None:
-        where.append("tenant = %s")
-        args.append(tenant)
-    if start is not None:
-        where.append("ts >= %s")
-        args.append(start)
-    if end is not None:
-        where.append("ts < %s")
-        args.append(end)
-    if after is not None:
-        where.append("(ts, request_id) > (%s, %s)")
-        args.extend(after)
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    query = f"SELECT {', '.join(COLUMNS)} FROM {TABLE}{clause} ORDER BY ts, request_id LIMIT %s"
-    return query, [*args, limit]
+    """One page's SELECT on this backend's table (``base.keyset_page_query``)."""
+    return keyset_page_query(TABLE, "%s", tenant, start, end, after, limit)
 
 
 TS_INDEX = COLUMNS.index("ts")

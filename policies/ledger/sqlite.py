@@ -32,9 +32,8 @@ from typing import Any
 import msgspec
 
 from core.tenancy import UsageRow
-from policies.ledger.base import PAGE_ROWS
+from policies.ledger.base import COLUMNS, PAGE_ROWS, keyset_page_query
 
-COLUMNS: tuple[str, ...] = UsageRow.__struct_fields__
 _INSERT = (
     f"INSERT OR IGNORE INTO usage ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
 )
@@ -305,25 +304,8 @@ def page_query(
     after: tuple[float, str] | None,
     limit: int,
 ) -> tuple[str, list[Any]]:
-    """The SELECT for one page: the filters, plus ``(ts, request_id) > after`` (keyset
-    pagination, so each page is an index range scan, not an OFFSET)."""
-    where: list[str] = []
-    args: list[Any] = []
-    if tenant is not None:
-        where.append("tenant = ?")
-        args.append(tenant)
-    if start is not None:
-        where.append("ts >= ?")
-        args.append(start)
-    if end is not None:
-        where.append("ts < ?")
-        args.append(end)
-    if after is not None:
-        where.append("(ts, request_id) > (?, ?)")
-        args.extend(after)
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    query = f"SELECT {', '.join(COLUMNS)} FROM usage{clause} ORDER BY ts, request_id LIMIT ?"
-    return query, [*args, limit]
+    """One page's SELECT on this backend's table (``base.keyset_page_query``)."""
+    return keyset_page_query("usage", "?", tenant, start, end, after, limit)
 
 
 def _close_when_idle(conn: sqlite3.Connection, fetch: asyncio.Future[Any] | None) -> None:
