@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from core.errors import InvalidRequestError
-from gateway.telemetry.recent import MINUTE_S, Minute, Point, Timeline, quantile
+from gateway.telemetry.recent import MINUTE_S, Minute, Point, Timeline, point_of
 
 # range -> (span, step, label); the timelines keep 6 hours
 RANGES: dict[str, tuple[float, float, str]] = {
@@ -37,18 +37,7 @@ def summary(timeline: Timeline, now: float, span_s: float) -> Point:
     for start, minute in timeline.minutes.items():
         if since <= start <= now:
             merged.merge(minute)
-    return Point(
-        t=since,
-        requests=merged.requests,
-        errors=merged.errors,
-        tokens=merged.tokens,
-        cost_usd=merged.cost_usd,
-        latency_p50_ms=quantile(merged.latency, 0.50),
-        latency_p95_ms=quantile(merged.latency, 0.95),
-        latency_p99_ms=quantile(merged.latency, 0.99),
-        ttft_p50_ms=quantile(merged.ttft, 0.50),
-        ttft_p95_ms=quantile(merged.ttft, 0.95),
-    )
+    return point_of(since, merged)
 
 
 def chart_data(timeline: Timeline, now: float, name: str) -> dict[str, Any]:

@@ -140,7 +140,8 @@ class Point(msgspec.Struct, frozen=True, kw_only=True):
     ttft_p95_ms: float | None
 
 
-def _point(t: float, minute: Minute) -> Point:
+def point_of(t: float, minute: Minute) -> Point:
+    """``minute``'s totals and percentiles as the point at ``t``."""
     return Point(
         t=t,
         requests=minute.requests,
@@ -184,7 +185,7 @@ class Timeline:
             target = merged.get(slot)
             if target is not None:
                 target.merge(minute)
-        return [_point(t, minute) for t, minute in merged.items()]
+        return [point_of(t, minute) for t, minute in merged.items()]
 
 
 class _Kept:
