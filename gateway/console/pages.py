@@ -18,8 +18,9 @@ from gateway.console.render import html, redirect, tenant_page
 from gateway.console.session import COOKIE_PATH, LOGIN_COOKIE, new_token
 from gateway.console.state import recent_of, reloader_of, state_of
 from gateway.console.timeline import RANGES, range_of, summary
-from gateway.console.usage import cost_chart, default_range, export_stream, grouped
+from gateway.console.usage import cost_chart, default_range, grouped
 from gateway.console.viewer import current_viewer, not_found, require_viewer
+from gateway.routes.usage import export_stream
 from policies.ledger.export import parse_query
 
 

@@ -8,12 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
-from litestar.response import Stream
 
-from core.errors import ServiceUnavailableError
+from gateway.routes.usage import ledger_rows
 from policies.ledger import Ledger
-from policies.ledger.export import CONTENT_TYPES, ExportQuery, GroupBy, export_lines, prime
-from policies.store.base import StoreUnavailableError
+from policies.ledger.export import ExportQuery, GroupBy, export_lines
 
 DEFAULT_DAYS = 30
 _decoder = msgspec.json.Decoder(dict[str, Any])
@@ -26,18 +24,10 @@ def default_range(now: float, days: int = DEFAULT_DAYS) -> tuple[str, str]:
     return (today - timedelta(days=days - 1)).isoformat(), today.isoformat()
 
 
-async def _rows(ledger: Ledger, query: ExportQuery) -> Any:
-    rows = ledger.rows(tenant=query.tenant, start=query.start, end=query.end)
-    try:
-        return await prime(rows)
-    except StoreUnavailableError as exc:
-        raise ServiceUnavailableError(f"The usage ledger is unreachable: {exc}") from exc
-
-
 async def grouped(ledger: Ledger, query: ExportQuery, group_by: GroupBy) -> list[dict[str, Any]]:
     """The export's records for ``query`` grouped by ``group_by`` (its JSON Lines, decoded).
     503 when the ledger cannot be read."""
-    lines = export_lines(await _rows(ledger, query), "jsonl", group_by)
+    lines = export_lines(await ledger_rows(ledger, query), "jsonl", group_by)
     return [_decoder.decode(line) async for line in lines]
 
 
@@ -51,17 +41,3 @@ def cost_chart(by_day: list[dict[str, Any]]) -> dict[str, Any]:
         for tenant in tenants
     ]
     return {"labels": days, "datasets": datasets}
-
-
-async def export_stream(ledger: Ledger, query: ExportQuery) -> Stream:
-    """The export download, as ``GET /admin/usage`` streams it."""
-    rows = await _rows(ledger, query)
-    return Stream(
-        export_lines(rows, query.fmt, query.group_by),
-        media_type=CONTENT_TYPES[query.fmt],
-        headers={
-            "content-disposition": f'attachment; filename="usage.{query.fmt}"',
-            "cache-control": "no-store",
-            "x-content-type-options": "nosniff",
-        },
-    )

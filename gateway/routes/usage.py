@@ -10,13 +10,14 @@ seconds; a date as ``to`` includes that day), ``group_by`` (``day``|``model``|``
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, get
 from litestar.response import Stream
 
 from core.errors import PermissionDeniedError, ServiceUnavailableError
-from core.tenancy import Principal
+from core.tenancy import Principal, UsageRow
 from gateway.http.guard import authenticate, require_admin
 from policies.ledger import Ledger
 from policies.ledger.export import CONTENT_TYPES, ExportQuery, export_lines, parse_query, prime
@@ -56,18 +57,28 @@ def _own_tenant(principal: Principal, query: ExportQuery) -> ExportQuery:
 
 
 async def _export(request: Request[Any, Any, Any], query: ExportQuery) -> Stream:
-    ledger: Ledger = request.app.state.gateway.ledger
+    return await export_stream(request.app.state.gateway.ledger, query)
+
+
+async def ledger_rows(ledger: Ledger, query: ExportQuery) -> AsyncIterator[UsageRow]:
+    """``query``'s rows, the first page already read: 503 when the ledger is unreachable
+    (before any byte of an answer is sent)."""
     rows = ledger.rows(tenant=query.tenant, start=query.start, end=query.end)
     try:
-        rows = await prime(rows)
+        return await prime(rows)
     except StoreUnavailableError as exc:
         raise ServiceUnavailableError(f"The usage ledger is unreachable: {exc}") from exc
+
+
+async def export_stream(ledger: Ledger, query: ExportQuery) -> Stream:
+    """The export download (``/admin/usage``, ``/v1/usage``, the console's buttons)."""
     return Stream(
-        export_lines(rows, query.fmt, query.group_by),
+        export_lines(await ledger_rows(ledger, query), query.fmt, query.group_by),
         media_type=CONTENT_TYPES[query.fmt],
         headers={
             "content-disposition": f'attachment; filename="usage.{query.fmt}"',
             "cache-control": "no-store",
+            "x-content-type-options": "nosniff",
         },
     )
 
