@@ -13,7 +13,6 @@ from pathlib import Path
 import structlog
 
 from core.config import Config, ConfigError, load_config
-from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
 
 _log = structlog.get_logger("switchyard")
@@ -50,15 +49,8 @@ class Reloader:
             state = self._state
             _warn_restart_only(state.runtime.config, config)
             try:
-                runtime = Runtime(
-                    state.effective(config),  # plus the control plane's tenants
-                    state.client,
-                    state.env,
-                    state.progress,
-                    previous=state.runtime,
-                    stores=state.stores,
-                    clock=state.clock,
-                )
+                # plus the control plane's tenants
+                runtime = state.build_runtime(state.effective(config), previous=state.runtime)
                 await runtime.start()
             except Exception as exc:  # a provider that cannot start: keep the old policy
                 _log.exception("config.reload_failed", path=str(self._path))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -184,19 +184,33 @@ class GatewayState:
             await start_ledger()
         self.spawn(self._release_leases())
 
+    def build_runtime(
+        self,
+        config: Config,
+        *,
+        previous: Runtime | None = None,
+        replicas: Mapping[str, Sequence[str]] | None = None,
+    ) -> Runtime:
+        """A runtime snapshot of ``config`` on this process's client, environment, stores
+        and clock (``previous``: the one it will replace, whose unchanged providers and
+        discovered replicas it carries over)."""
+        return Runtime(
+            config,
+            self.client,
+            self.env,
+            self.progress,
+            previous=previous,
+            stores=self.stores,
+            clock=self.clock,
+            replicas=replicas,
+        )
+
     async def _start_control(self, control: GatewayControl) -> None:
         """Open and load the control store; rebuild the (not yet started) runtime when the
         API set tenants; from then on rebuild it whenever they change."""
         await control.start()
         if control.index.tenants:
-            self.runtime = Runtime(
-                self.effective(self.base_config),
-                self.client,
-                self.env,
-                self.progress,
-                stores=self.stores,
-                clock=self.clock,
-            )
+            self.runtime = self.build_runtime(self.effective(self.base_config))
             self.queue.set_weights(_weights(self.runtime.config))
         control.on_tenants(self.apply_control_tenants)
         self.spawn(control.refresher.run())
@@ -205,15 +219,7 @@ class GatewayState:
         """Resolve the discovered names once (each bounded by its ``timeout_s``), rebuild
         the not yet started runtime with the replicas found, then keep them fresh."""
         await self.discovery.refresh()
-        self.runtime = Runtime(
-            self.runtime.config,
-            self.client,
-            self.env,
-            self.progress,
-            stores=self.stores,
-            clock=self.clock,
-            replicas=self.discovery.addresses(),
-        )
+        self.runtime = self.build_runtime(self.runtime.config, replicas=self.discovery.addresses())
         self._track(self.runtime)
         self.spawn(self.discovery.run())
 
@@ -228,15 +234,8 @@ class GatewayState:
             if self.runtime.replicas == wanted:
                 return
             try:
-                runtime = Runtime(
-                    self.runtime.config,
-                    self.client,
-                    self.env,
-                    self.progress,
-                    previous=self.runtime,
-                    stores=self.stores,
-                    clock=self.clock,
-                    replicas=wanted,
+                runtime = self.build_runtime(
+                    self.runtime.config, previous=self.runtime, replicas=wanted
                 )
                 await runtime.start()
             except Exception:
@@ -253,14 +252,8 @@ class GatewayState:
         change). A runtime that cannot be built is logged; the current one keeps serving."""
         async with self.rebuild_lock:
             try:
-                runtime = Runtime(
-                    self.effective(self.base_config),
-                    self.client,
-                    self.env,
-                    self.progress,
-                    previous=self.runtime,
-                    stores=self.stores,
-                    clock=self.clock,
+                runtime = self.build_runtime(
+                    self.effective(self.base_config), previous=self.runtime
                 )
                 await runtime.start()
             except Exception:
