@@ -31,7 +31,12 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from policies.jobs.db import PostgresDb
-from policies.ledger.postgres_schema import MIGRATION_LOCK, Migration, check_order
+from policies.ledger.postgres_schema import (
+    CREATE_MIGRATIONS,
+    MIGRATION_LOCK,
+    Migration,
+    check_order,
+)
 from policies.pg import is_unreachable
 
 COMPONENT = "jobs"
@@ -155,14 +160,6 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
 )
 
-_CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
-    component text NOT NULL,
-    version integer NOT NULL,
-    name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (component, version)
-)"""
-
 
 def migrate(
     conn: psycopg.Connection[tuple[Any, ...]],
@@ -175,7 +172,7 @@ def migrate(
     check_order(migrations)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        conn.execute(_CREATE_MIGRATIONS)
+        conn.execute(CREATE_MIGRATIONS)
         cursor = conn.execute(
             "SELECT version FROM schema_migrations WHERE component = %s", (component,)
         )

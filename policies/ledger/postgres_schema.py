@@ -85,7 +85,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "usage_ledger.tags", (f"ALTER TABLE {TABLE} ADD COLUMN tags text",)),
 )
 
-_CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
+CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     component text NOT NULL,
     version integer NOT NULL,
     name text NOT NULL,
@@ -112,7 +112,7 @@ async def migrate(
     check_order(migrations)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        await conn.execute(_CREATE_MIGRATIONS)
+        await conn.execute(CREATE_MIGRATIONS)
         cursor = await conn.execute(
             "SELECT version FROM schema_migrations WHERE component = %s", (component,)
         )
