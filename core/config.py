@@ -77,6 +77,10 @@ class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True
     local: bool = True
     saturation: SaturationConfig = SaturationConfig()
     block_size: PositiveInt = 16  # the worker's KV block size, for prefix hashing
+    # The worker schedules by vLLM's ``priority`` field (``vllm serve --scheduling-policy
+    # priority``, or ``switchyard worker jax``): batch items are sent at priority 1, so the
+    # worker pauses them while interactive requests run. Off: vLLM refuses the field.
+    priority_scheduling: bool = False
     # base_url's host is a DNS name whose A/AAAA records are the replicas (None: one URL)
     discovery: DiscoveryConfig | None = None
 

@@ -54,6 +54,9 @@ class CallContext(Struct, kw_only=True):
     tenant: str | None = None
     prompt_cache_key: str | None = None  # OpenAI's prompt_cache_key, set per tenant
     cache_control_min_chars: int | None = None  # Anthropic: mark stable prefixes this long
+    # Engine scheduling priority, lower first (vLLM's convention): 0 interactive, 1 a batch
+    # item. The in-process JAX engine pauses worse work while better work runs.
+    priority: int = 0
 
 
 @runtime_checkable

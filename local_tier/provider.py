@@ -142,6 +142,7 @@ class JaxProvider:
     ) -> AsyncIterator[GenerationOutput]:
         """Submit ``request`` and wait for its first output under the first-token deadline,
         so rejections and timeouts raise here, before anything reached the caller."""
+        request.priority = ctx.priority
         outputs = serving.generate(self._ready_engine(), request, self.name)
         try:
             async with asyncio.timeout(ctx.timeouts.first_token):

@@ -37,6 +37,7 @@ from core.wire import (
     CompletionRequest,
     Delta,
     FinishReason,
+    Int64,
     Message,
     RawStreamPart,
     TextPart,
@@ -51,6 +52,15 @@ from local_tier.jax.api import (
     GenerationRequest,
     SamplingParams,
 )
+
+
+class VllmExtensions(Struct):
+    """vLLM's request fields beyond OpenAI's that the local engine honours. ``priority``:
+    lower runs first (vLLM's ``--scheduling-policy priority``); the gateway sends batch
+    items at 1."""
+
+    priority: Int64 = 0
+
 
 # OpenAI's (and vLLM's) default output cap for legacy completions.
 DEFAULT_COMPLETION_TOKENS = 16

@@ -25,6 +25,9 @@ from routers.targets import Target
 RETRY_S = 5.0  # when a batch item that found no room is tried again (at the earliest)
 
 BATCH_KEY = "switchyard.batch"
+# The engine priority a batch item's calls carry (interactive: 0; lower runs first). An
+# engine that schedules by priority pauses batch items while interactive requests run.
+BATCH_PRIORITY = 1
 
 
 class BatchCaller(NamedTuple):

@@ -32,7 +32,12 @@ from gateway.http.errors import internal_error
 from gateway.process.health import TrackerObserver
 from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
-from gateway.request.batch import batch_caller, batch_route, no_room_for_batch
+from gateway.request.batch import (
+    BATCH_PRIORITY,
+    batch_caller,
+    batch_route,
+    no_room_for_batch,
+)
 from gateway.request.routing_view import route_request, tenant_constraints
 from gateway.telemetry.hub import Telemetry
 from gateway.telemetry.record import RequestRecord
@@ -73,6 +78,7 @@ class Scope:
         self.client_gone = False  # set by the edge when the client disconnects
         self.batch = batch_caller(request)  # set when the batch runner makes this request
         self.state.in_flight.enter(interactive=self.batch is None)
+        self.record.priority = BATCH_PRIORITY if self.batch else 0
         self.telemetry: Telemetry = request.app.state.telemetry
         self.telemetry.started(self.record, self.headers, self.runtime.config)
         request.scope.setdefault("state", {})[SCOPE_KEY] = self  # for the edge's ``abandon``

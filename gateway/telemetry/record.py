@@ -96,6 +96,7 @@ class RequestRecord:
         # costs one attribute test. ``content_in``: the messages as JSON (OpenAI's shape);
         # ``content_out``: the generated text, at most ``CAPTURE_MAX_CHARS``.
         self.capture_content = False
+        self.priority = 0  # the engine priority calls carry (CallContext.priority)
         self.finish_reasons: list[str] = []  # per choice, as the answer ended (for traces)
         self.content_in: str | None = None
         self.content_out: str | None = None
@@ -117,6 +118,7 @@ class RequestRecord:
             tenant=self.principal.tenant,
             prompt_cache_key=self.prompt_cache_key,
             cache_control_min_chars=self.cache_control_min_chars,
+            priority=self.priority,
         )
 
     @property

@@ -29,6 +29,8 @@ Contract of ``Engine`` (see ``EngineProtocol`` below):
   filled on every output.
 - Closing or cancelling the iterator aborts the sequence and frees its KV blocks.
 - A request that does not fit the KV cache right now waits (FIFO) until blocks free up.
+- ``priority``: requests of a lower value run first; worse ones pause (keeping their place
+  and their cache) while better ones run, and give up a slot or blocks when one needs them.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class GenerationRequest(msgspec.Struct):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    # Lower runs first (vLLM's convention). 0 is interactive; the gateway sends batch items
+    # at 1, and the engine pauses them while better work exists (scheduler.py).
+    priority: int = 0
 
 
 class GenerationOutput(msgspec.Struct):

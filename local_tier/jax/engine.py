@@ -142,7 +142,9 @@ class Engine:
             raise EngineOverloadedError(
                 f"{self.config.max_waiting} requests are already waiting; try again later"
             )
-        seq = Sequence(req.request_id, list(req.prompt_token_ids), max_tokens)
+        seq = Sequence(
+            req.request_id, list(req.prompt_token_ids), max_tokens, priority=req.priority
+        )
         state = _Request(
             seq,
             req.params,

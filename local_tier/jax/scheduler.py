@@ -2,11 +2,18 @@
 
 Every step is either a *prefill* step (prompt chunks of one or more sequences) or a *decode*
 step (one new token for every sequence whose prompt is done). Sequences join the running set
-as soon as their prompt's blocks fit (FIFO: the queue head is never overtaken, so nothing
-starves) and leave it the moment they finish. While both kinds of work exist, the scheduler
-alternates them, and a prompt longer than ``prefill_budget`` tokens is split into chunks, so a
-long prompt delays running streams by at most one chunk per token and never blocks short
-requests from starting for long.
+as soon as their prompt's blocks fit (FIFO within a priority: the queue head is never
+overtaken by a request of its own priority, so nothing starves) and leave it the moment they
+finish. While both kinds of work exist, the scheduler alternates them, and a prompt longer
+than ``prefill_budget`` tokens is split into chunks, so a long prompt delays running streams
+by at most one chunk per token and never blocks short requests from starting for long.
+
+Priority (vLLM's convention: lower values first; 0 is interactive, the gateway runs batch
+items at 1): only the best priority present among running sequences is planned, so lower
+ones *pause* (they keep their blocks and resume where they were) while better work exists.
+A better request that finds no free slot or no blocks preempts the worst running sequence of
+a lower priority. So a batch slows an interactive request by at most the step that was
+running when it arrived (on a level of its own, a new prompt's prefill runs next).
 
 Memory: a sequence holds blocks for every token it has (prompt blocks are taken at admission,
 one more block whenever decoding crosses a block boundary). When a decode step needs a block
@@ -57,6 +64,7 @@ class Sequence:
     arrival: int = field(default_factory=lambda: next(_arrivals))
     admitted_once: bool = False
     first_scheduled: float | None = None  # clock reading at first admission; kept on preemption
+    priority: int = 0  # lower runs first (0: interactive)
 
     @property
     def all_ids(self) -> list[int]:
@@ -93,6 +101,11 @@ class StepPlan:
     kind: str  # "prefill" | "decode"
     prefill: list[PrefillItem] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
+
+
+def _order(seq: Sequence) -> tuple[int, int]:
+    """Service order: priority first (lower first), then arrival."""
+    return seq.priority, seq.arrival
 
 
 class Scheduler:
@@ -139,8 +152,10 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when there is nothing to run."""
         self._admit()
-        prefill = [s for s in self.running if s.needs_prefill]
-        decode = [s for s in self.running if not s.needs_prefill]
+        level = min((s.priority for s in self.running), default=0)
+        active = [s for s in self.running if s.priority == level]
+        prefill = [s for s in active if s.needs_prefill]
+        decode = [s for s in active if not s.needs_prefill]
         if prefill and (not decode or self._last_kind == "decode"):
             self._last_kind = "prefill"
             return StepPlan("prefill", prefill=self._plan_prefill(prefill))
@@ -154,15 +169,25 @@ class Scheduler:
         return None
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting[0]
-            if not self._take_blocks(seq):
-                return  # FIFO: the head waits for memory, nobody overtakes it
-            self.waiting.popleft()
+        while self.waiting:
+            seq = min(self.waiting, key=_order)
+            if len(self.running) >= self.max_running or not self._take_blocks(seq):
+                victim = self._worst_below(seq.priority)
+                if victim is None:
+                    return  # the head waits for a slot or memory; nobody overtakes it
+                self._preempt(victim)
+                continue
+            self.waiting.remove(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
             if seq.first_scheduled is None:
                 seq.first_scheduled = self._clock()
+
+    def _worst_below(self, priority: int) -> Sequence | None:
+        """The running sequence to make room with for a ``priority`` request: the latest
+        arrival of the worst priority below it, or None when nothing runs below it."""
+        lower = [s for s in self.running if s.priority > priority]
+        return max(lower, key=_order) if lower else None
 
     def _take_blocks(self, seq: Sequence) -> bool:
         """Prefix-cache lookup plus blocks for the rest of the prefill; False if they don't
@@ -196,7 +221,7 @@ class Scheduler:
         items: list[PrefillItem] = []
         budget, rows = self.prefill_budget, self.buckets.prefill_rows
         longest = 0
-        for seq in sorted(seqs, key=lambda s: s.arrival):
+        for seq in sorted(seqs, key=_order):
             length = min(seq.prefill_target - seq.num_computed, budget)
             padded = round_up(max(longest, length), self.buckets.prefill_len)
             if items and (
@@ -211,14 +236,14 @@ class Scheduler:
     def _reserve_decode_blocks(self, seqs: list[Sequence]) -> list[Sequence]:
         """Give each decoding sequence room for its next token, preempting if needed."""
         ready: list[Sequence] = []
-        for seq in sorted(seqs, key=lambda s: s.arrival):
+        for seq in sorted(seqs, key=_order):
             if seq.status is not Status.RUNNING:
                 continue  # preempted while making room for an earlier one
             while len(seq.blocks) * self.pool.block_size <= seq.num_computed:
                 try:
                     seq.blocks.append(self.pool.allocate())
                 except OutOfBlocksError:
-                    victim = max(self.running, key=lambda s: s.arrival)
+                    victim = max(self.running, key=_order)
                     self._preempt(victim)
                     if victim is seq:
                         break

@@ -128,10 +128,12 @@ async def _disconnected(request: AnyRequest) -> None:
 async def chat_completions(request: AnyRequest) -> Response[Any]:
     started = time.monotonic()
     state = _state(request)
-    req = decode_body(await request.body(), ChatRequest)
+    body = await request.body()
+    req = decode_body(body, ChatRequest)
     engine = state.engine_for(req.model)
     meta = serving.new_meta("chatcmpl", state.model_name)
     generation = serving.chat_generation(engine, req, meta.id)
+    generation.priority = decode_body(body, serving.VllmExtensions).priority
     outputs = await until_disconnect(request, state.submit(engine, generation, started))
     if req.stream:
         chunks = serving.chat_chunks(outputs, meta, req.wants_usage_in_stream())
@@ -144,10 +146,12 @@ async def chat_completions(request: AnyRequest) -> Response[Any]:
 async def completions(request: AnyRequest) -> Response[Any]:
     started = time.monotonic()
     state = _state(request)
-    req = decode_body(await request.body(), CompletionRequest)
+    body = await request.body()
+    req = decode_body(body, CompletionRequest)
     engine = state.engine_for(req.model)
     meta = serving.new_meta("cmpl", state.model_name)
     generation = serving.completion_generation(engine, req, meta.id)
+    generation.priority = decode_body(body, serving.VllmExtensions).priority
     outputs = await until_disconnect(request, state.submit(engine, generation, started))
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -44,6 +44,7 @@ class OpenAIProvider(HttpProvider):
         # OpenAI's prompt_cache_key means nothing to a local vLLM/JAX worker (which caches
         # prefixes by itself and logs every unknown field), so it is only sent to APIs.
         self._prompt_cache_key = not isinstance(config, VllmProviderConfig)
+        self._priority = isinstance(config, VllmProviderConfig) and config.priority_scheduling
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         self.responses_api = speaks_responses(config)
@@ -64,7 +65,10 @@ class OpenAIProvider(HttpProvider):
         a chat/responses parameter, and embeddings would reject an unknown field)."""
         raw = ctx.raw_body if ctx.raw_body is not None else encoder.encode(fallback)
         key = ctx.prompt_cache_key if cache_key and self._prompt_cache_key else None
-        return wire.rewrite_body(raw, ctx.upstream_model, force_usage=stream, prompt_cache_key=key)
+        priority = ctx.priority if self._priority and ctx.priority else None
+        return wire.rewrite_body(
+            raw, ctx.upstream_model, force_usage=stream, prompt_cache_key=key, priority=priority
+        )
 
     async def _post(self, path: str, body: bytes, ctx: CallContext) -> bytes:
         url = f"{self.base_url}{path}"

@@ -97,17 +97,25 @@ def read_error(body: bytes) -> tuple[str, str | None]:
 
 
 def rewrite_body(
-    raw: bytes, model: str, *, force_usage: bool = False, prompt_cache_key: str | None = None
+    raw: bytes,
+    model: str,
+    *,
+    force_usage: bool = False,
+    prompt_cache_key: str | None = None,
+    priority: int | None = None,
 ) -> bytes:
     """The client's JSON with ``model`` replaced (and, for streams, usage requested).
 
     ``prompt_cache_key`` (OpenAI's prompt-cache routing hint, set per tenant by the gateway)
     is added when given and the client did not send one of its own: the client knows its
     traffic better. Every other field goes to the upstream untouched, also fields the
-    gateway does not know.
+    gateway does not know. ``priority`` (vLLM's scheduling field) replaces the client's:
+    the gateway sets it for its own batch items only, to workers that schedule by it.
     """
     body = _fields_decoder.decode(raw)
     body["model"] = msgspec.Raw(_encoder.encode(model))
+    if priority is not None:
+        body["priority"] = msgspec.Raw(_encoder.encode(priority))
     if prompt_cache_key is not None and _is_null(body.get("prompt_cache_key")):
         body["prompt_cache_key"] = msgspec.Raw(_encoder.encode(prompt_cache_key))
     if force_usage:

@@ -49,10 +49,12 @@ providers:
     type: vllm
     base_url: "{box.url}/v1"
     saturation: {{poll_interval_s: 0.05, max_waiting: 0, stale_after_s: 2}}
+    priority_scheduling: true
 models:
   mixed:
     targets: [{{provider: cloud, model: m-count}}, {{provider: box, model: m-count}}]
   managed: {{targets: [{{provider: cloud, model: m-count}}]}}
+  boxed: {{targets: [{{provider: box, model: m-count}}]}}
 """
         with running_gateway(config, {"S_ADMIN": ADMIN}) as gateway:
             client = openai.OpenAI(base_url=gateway.base_url, api_key=ADMIN, max_retries=0)
@@ -83,6 +85,26 @@ def test_items_run_on_the_local_replica_while_interactive_requests_go_managed(wo
     )
     assert answer.choices[0].message.content
     assert chat_calls(world.cloud, "interactive") == 1  # priority: the managed target first
+
+
+def priorities(fake: FakeOpenAI, marker: str) -> list[object]:
+    """The ``priority`` field of each chat request ``fake`` got for ``marker`` (None: absent)."""
+    found = []
+    for request in list(fake.requests):
+        body = request.json or {}
+        if marker in str((body.get("messages") or [{}])[-1].get("content")):
+            found.append(body.get("priority"))
+    return found
+
+
+def test_batch_items_reach_a_priority_scheduling_replica_at_priority_one(world) -> None:
+    batch = wait_until(world.client, run_batch(world.client, lines("prio", 3)).id)
+    assert batch.status == "completed"
+    assert priorities(world.replica.chat, "prio") == [1, 1, 1]
+    world.client.chat.completions.create(
+        model="boxed", messages=[{"role": "user", "content": "asking-now"}]
+    )
+    assert priorities(world.replica.chat, "asking-now") == [None]  # interactive: untouched
 
 
 def test_a_finished_batch_names_its_model_and_sums_its_usage(world) -> None:

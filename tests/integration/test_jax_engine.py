@@ -298,3 +298,39 @@ async def test_a_shape_compiled_while_serving_is_reported(engine: Engine) -> Non
     assert any(m.startswith("compiled step B=2 T=32 ctx=") for m in compiled)
     assert any(m.startswith("compiled step B=2 T=1 ctx=256") for m in compiled)
     assert len(compiled) == len({m.split(" in ")[0] for m in compiled})  # each shape once
+
+
+async def test_batch_priority_pauses_while_an_interactive_request_runs(engine: Engine) -> None:
+    """Priority-1 (batch) sequences make no progress between an interactive request's
+    arrival and its end, and all of them still finish with every token."""
+    events: list[tuple[str, int]] = []  # (who, completion tokens so far), in output order
+    batch_params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    async def consume(name: str, req: GenerationRequest) -> GenerationOutput:
+        last = None
+        async for out in engine.generate(req):
+            events.append((name, out.completion_tokens))
+            last = out
+        assert last is not None
+        return last
+
+    prompt = chat(engine, "Count slowly from one to fifty.")
+    batch = [
+        asyncio.create_task(
+            consume(f"b{i}", GenerationRequest(f"prio-b{i}", prompt, batch_params, priority=1))
+        )
+        for i in range(2)
+    ]
+    while sum(1 for who, _ in events if who.startswith("b")) < 4:
+        await asyncio.sleep(0.01)  # the batch is decoding
+    chat_params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    arrived = len(events)
+    answer = await consume("chat", GenerationRequest("prio-chat", prompt, chat_params))
+    finals = await asyncio.gather(*batch)
+    assert answer.completion_tokens == 6
+    assert [f.completion_tokens for f in finals] == [24, 24]
+    during = events[arrived : events.index(("chat", 6)) + 1]
+    first_chat = next(i for i, (who, _) in enumerate(during) if who == "chat")
+    # At most the step already running when it arrived can still emit batch tokens.
+    assert all(who == "chat" for who, _ in during[first_chat:])
+    assert sum(1 for who, _ in during[:first_chat] if who != "chat") <= 2

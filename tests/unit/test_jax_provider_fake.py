@@ -141,3 +141,14 @@ async def test_legacy_completions():
     texts = [c["text"] for p in parts for c in json.loads(p.data)["choices"]]
     assert "".join(texts) == "abc"
     assert parts[-1].usage is not None and parts[-1].usage.total_tokens == 4
+
+
+@pytest.mark.anyio
+async def test_the_call_priority_reaches_the_engine():
+    engine = FakeEngine(reply="ok")
+    provider = provider_for(engine)
+    await provider.start()
+    await provider.chat(chat(), CTX)
+    batch_ctx = CallContext(request_id="req-2", upstream_model="fake-model", priority=1)
+    await provider.chat(chat(), batch_ctx)
+    assert [r.priority for r in engine.requests] == [0, 1]

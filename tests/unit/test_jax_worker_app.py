@@ -93,6 +93,14 @@ def test_chat_answers_with_openai_shape(w: Harness):
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (prompt_len, 5)
 
 
+def test_vllm_priority_field_reaches_the_engine(w: Harness):
+    w.client.chat.completions.create(
+        model=MODEL, messages=user("later"), max_tokens=2, extra_body={"priority": 3}
+    )
+    w.client.completions.create(model=MODEL, prompt="x", max_tokens=1)
+    assert [r.priority for r in w.engine.requests[-2:]] == [3, 0]
+
+
 def test_chat_stream_sequence_with_usage(w: Harness):
     stream = w.client.chat.completions.create(
         model=MODEL,
