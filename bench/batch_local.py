@@ -6,9 +6,11 @@ Run from the repository root (takes a few minutes; stops by itself)::
     .venv/bin/python -m bench.batch_local --seeds 1,2,3 --items 96 --probes 20
 
 Per seed it starts one real ``switchyard serve`` on the bundled SmolLM2-135M (the in-process
-JAX engine, CPU), with batches run at ``batch.concurrency`` items at once and
+JAX engine, CPU), with batches run at ``batch.concurrency`` items at once, the engine
+pausing batch items (priority 1) while an interactive request runs, and by default
 ``yield_above_in_flight: 0`` (no new item while an interactive request is in flight, nor
-within ``yield_quiet_s`` of the last one's end), then:
+within ``yield_quiet_s`` of the last one's end; ``--yield-above 16`` leaves the holding back
+to the engine alone), then:
 
 0. **warm-up**: a batch of ``2 x concurrency`` items with probes beside it, so the engine
    has compiled the batch shapes the measurement meets (it compiles each on first use);
@@ -64,7 +66,7 @@ WORDS = [
 CONFIG = """
 server: {{watch_config: false}}
 ledger: {{path: {folder}/usage.sqlite3}}
-batch: {{concurrency: {concurrency}, yield_above_in_flight: 0, poll_interval_s: 0.2}}
+batch: {{concurrency: {concurrency}, yield_above_in_flight: {yield_above}, poll_interval_s: 0.2}}
 logging: {{level: warning}}
 providers:
   local: {{type: jax, max_batch_size: 8, max_model_len: 2048}}
@@ -155,7 +157,9 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         config = folder / "config.yaml"
-        text = CONFIG.format(folder=folder, concurrency=args.concurrency, alias=ALIAS)
+        text = CONFIG.format(
+            folder=folder, concurrency=args.concurrency, alias=ALIAS, yield_above=args.yield_above
+        )
         config.write_text(text)
         gateway = Gateway(config, folder / "gateway.log")
         gateway.spawn()
@@ -229,6 +233,14 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=48)
     parser.add_argument("--probes", type=int, default=15)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--yield-above",
+        type=int,
+        default=0,
+        help="batch.yield_above_in_flight (0: the runner holds new items back while "
+        "interactive requests run; higher: it keeps its slots and the engine's priority "
+        "scheduling alone keeps interactive requests first)",
+    )
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--logs", type=Path, help="keep each gateway's log in this folder")
