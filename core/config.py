@@ -74,6 +74,8 @@ class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True
 
     base_url: str = "http://127.0.0.1:8000/v1"
     metrics_url: str | None = None  # default: base_url without /v1, plus /metrics
+    # which server it is: the Prometheus names its /metrics page uses (local_tier/engines)
+    engine: Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp", "jax"] = "vllm"
     local: bool = True
     saturation: SaturationConfig = SaturationConfig()
     block_size: PositiveInt = 16  # the worker's KV block size, for prefix hashing

@@ -1,7 +1,8 @@
 """Capacity signals of local replicas: a ``/metrics`` poller plus the gateway's own accounting.
 
-``CapacityMonitor(replicas, client, clock)`` watches local replicas (vLLM servers, JAX workers:
-both export vLLM's metric names) and answers, per replica label:
+``CapacityMonitor(replicas, client, clock)`` watches local replicas (vLLM, SGLang, TGI,
+TensorRT-LLM under Triton, llama.cpp servers and JAX workers: each replica's ``engine`` picks the
+metrics mapping its page is read through, ``local_tier.engines``) and answers, per replica label:
 
 - ``health(label)`` -> ``TargetHealth`` (saturated, waiting, running, kv_usage, in_flight,
   ttft_s, cache_hit_rate; ``prefix_blocks`` too given the request's hashes and a
@@ -16,16 +17,21 @@ How the numbers are made:
   keeps the last snapshot, which goes stale after ``stale_after_s``; stale counts as
   saturated. ``poll_once()`` is one round on demand; ``on_poll`` runs after each round (the
   admission queue's ``notify``).
-- Pages are cut to the few series used before parsing: a vLLM page has ~600 lines and costs
-  ~8 ms to parse whole, the cut page ~0.5 ms, which matters at 10 polls/s per replica.
+- Pages are cut to the few series the replica's mapping reads before parsing: a vLLM page has
+  ~600 lines and costs ~8 ms to parse whole, the cut page ~0.5 ms, which matters at 10 polls/s
+  per replica.
 - Between polls the gateway's own traffic moves the snapshot: ``sent``/``done`` count
   requests and prompt tokens in flight (from an attempt's start to the end of the request:
   a stream keeps the replica busy after its first chunk); ``saturation.estimate``
   applies the change since the poll to running/waiting (a burst fills the batch on paper
   and trips ``max_waiting`` before the next poll), and new prompt tokens add to KV use when
-  ``vllm:cache_config_info`` gives the pool's size.
-- TTFT: an EWMA of the replica's mean TTFT per poll (deltas of the
-  ``vllm:time_to_first_token_seconds`` sum and count) and of TTFTs the gateway observes
+  the page gives the pool's size (vLLM's ``cache_config_info``, SGLang's and TGI's token pools,
+  TensorRT-LLM's block counts).
+- KV use unknown (an engine that exports none: llama.cpp's newer builds, TGI's v2 backend):
+  the rule is given 0 for it, so its KV marks never trip and saturation rests on
+  ``max_waiting`` and ``max_in_flight`` (set it for such engines); ``health`` reports 0 too.
+- TTFT: an EWMA of the replica's mean TTFT per poll (deltas of its TTFT histogram's sum and
+  count, where the engine exports one) and of TTFTs the gateway observes
   (``observe_ttft``). A new request is predicted at ``ttft * (1 + waiting)``: each request
   ahead costs about one TTFT. Crude and cautious (recent TTFTs include queueing under load);
   a poll that finds the replica idle with no new TTFTs drops the estimate (no data again).
@@ -48,6 +54,7 @@ from core.clock import Clock
 from core.config import VllmProviderConfig
 from core.config_routing import SaturationConfig
 from core.routing import UNKNOWN, TargetHealth
+from local_tier.engines import EngineKind, EngineMapping, mapping_for
 from local_tier.prefix_index import PrefixIndex
 from local_tier.saturation import ReplicaSignals, SaturationRule, estimate
 from local_tier.vllm import metrics as vm
@@ -71,15 +78,17 @@ def metrics_url(config: VllmProviderConfig) -> str:
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
     """What to watch for one replica. ``slots`` is its batch size (``--max-num-seqs``) when
-    known; otherwise it is learned from polls that show a queue."""
+    known; otherwise it is learned from polls that show a queue. ``engine`` names the server
+    kind, whose metrics mapping reads its page."""
 
     metrics_url: str
     saturation: SaturationConfig = _DEFAULT_SATURATION
     slots: int | None = None
+    engine: EngineKind = "vllm"
 
     @classmethod
     def from_provider(cls, config: VllmProviderConfig, slots: int | None = None) -> ReplicaSpec:
-        return cls(metrics_url(config), config.saturation, slots)
+        return cls(metrics_url(config), config.saturation, slots, config.engine)
 
 
 @dataclass
@@ -88,6 +97,7 @@ class _Replica:
 
     spec: ReplicaSpec
     rule: SaturationRule
+    mapping: EngineMapping
     snapshot: vm.MetricsSnapshot | None = None
     saturated: bool = True  # until a first fresh poll says otherwise
     in_flight: int = 0
@@ -104,6 +114,11 @@ class _Replica:
 
     def slots(self) -> int | None:
         return self.spec.slots if self.spec.slots is not None else self.learned_slots
+
+
+def _watch(spec: ReplicaSpec) -> _Replica:
+    """Fresh state for a replica to watch (``ValueError`` for an engine without a mapping)."""
+    return _Replica(spec, SaturationRule(spec.saturation), mapping_for(spec.engine))
 
 
 class CapacityMonitor:
@@ -126,7 +141,7 @@ class CapacityMonitor:
         ttft_alpha: float = 0.3,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self._replicas = {k: _Replica(v, SaturationRule(v.saturation)) for k, v in replicas.items()}
+        self._replicas = {label: _watch(spec) for label, spec in replicas.items()}
         self._client = client
         self._clock = clock
         self.prefix_index = prefix_index
@@ -153,7 +168,7 @@ class CapacityMonitor:
         }
         for label, spec in replicas.items():
             if label not in kept:
-                kept[label] = _Replica(spec, SaturationRule(spec.saturation))
+                kept[label] = _watch(spec)
         self._replicas = kept
         if self._task is not None and self._task.done() and self._replicas:
             self._task = asyncio.create_task(self._run(), name="capacity-monitor")
@@ -207,8 +222,8 @@ class CapacityMonitor:
                 response = await self._client.get(replica.spec.metrics_url, timeout=self._timeout)
             if response.status_code != 200:
                 raise vm.MetricsError(f"answered {response.status_code}")
-            page, ttft_lines = split_page(response.text)
-            snapshot = vm.parse_metrics(page, read_at=self._clock.now())
+            page, ttft_lines = split_page(response.text, replica.mapping)
+            snapshot = vm.parse_metrics(page, read_at=self._clock.now(), mapping=replica.mapping)
         except (httpx.HTTPError, vm.MetricsError, TimeoutError) as exc:
             self._failed(label, replica, exc)
             return
@@ -216,7 +231,7 @@ class CapacityMonitor:
             _log.info("capacity.poll_recovered", extra={"replica": label})
         replica.failures, replica.last_error = 0, None
         replica.in_flight_at_poll, replica.tokens_at_poll = in_flight, tokens
-        self._take(label, replica, snapshot, ttft_totals(ttft_lines))
+        self._take(label, replica, snapshot, ttft_totals(ttft_lines, replica.mapping))
 
     def _failed(self, label: str, replica: _Replica, exc: BaseException) -> None:
         replica.failures += 1
@@ -269,9 +284,11 @@ class CapacityMonitor:
         replica.ttft_s = seconds if old is None else old + self._alpha * (seconds - old)
 
     def _learn_slots(self, replica: _Replica, snapshot: vm.MetricsSnapshot) -> None:
-        # A queue while KV has room means the running batch is full: its size is the slots.
+        # A queue while KV has room (or KV use is unknown: llama.cpp defers a request only when
+        # every slot is busy) means the running batch is full: its size is the slots.
+        kv = snapshot.kv_cache_usage_perc
         if snapshot.num_requests_waiting > 0 and (
-            snapshot.kv_cache_usage_perc < replica.spec.saturation.kv_high
+            kv is None or kv < replica.spec.saturation.kv_high
         ):
             running = snapshot.num_requests_running
             if running > 0 and (replica.learned_slots or 0) < running:
@@ -303,10 +320,12 @@ class CapacityMonitor:
         snap = replica.snapshot
         if snap is None:
             return ReplicaSignals(read_at=None, in_flight=replica.in_flight)
-        kv = snap.kv_cache_usage_perc
+        kv = snap.kv_cache_usage_perc  # None: unknown, given to the rule as 0 (see above)
         capacity = snap.kv_capacity_tokens
         new_tokens = replica.tokens - replica.tokens_at_poll
-        if capacity and new_tokens > 0:
+        if kv is None:
+            kv = 0.0
+        elif capacity and new_tokens > 0:
             kv = min(1.0, kv + new_tokens / capacity)
         return estimate(
             snap.read_at,

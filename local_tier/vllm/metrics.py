@@ -1,26 +1,25 @@
-"""Read a local worker's ``/metrics`` into a typed snapshot.
+"""Read a local worker's ``/metrics`` into a typed snapshot, through its engine's mapping.
 
 The capacity and spill-over logic decides from these numbers whether a replica can take one
 more request, so the contract is strict about what "unknown" means:
 
-- ``parse_metrics(text, read_at=...)`` is pure. It raises ``MetricsError`` when the page lacks
-  the three load signals (running, waiting, KV use): a snapshot without them would look idle.
-- Counters and gauges are summed over label sets (one vLLM server with data-parallel engines
-  reports one series per ``engine``; the served model name is a label too).
-- The prefix-cache counters and ``cache_config_info`` are optional (``0.0`` / ``None`` when
-  absent): older builds and other engines may not export them.
+- ``parse_metrics(text, read_at=..., mapping=...)`` is pure. It raises ``MetricsError`` when the
+  page lacks a signal the engine's mapping requires (running and waiting always, KV use where
+  the engine always exports it): a snapshot without them would look idle.
+- Where each number is, and how label sets fold into it (summed over data-parallel engines and
+  served models, one label's value picked, a ratio of two series), is the mapping's: see
+  ``local_tier.engines``. The default mapping is vLLM's (V1 names, older names as fallbacks),
+  which the JAX worker's page also satisfies.
+- KV use is ``None`` when the engine exports no KV signal (llama.cpp's newer builds, TGI's v2
+  backend): unknown, never a silent 0. The prefix-cache counters are ``0.0`` when absent (the hit
+  rate is then ``None``); the pool geometry is ``None`` when absent.
 - ``read_at`` is a monotonic time from the caller's clock; ``age()`` tells how stale the snapshot
   is, and stale snapshots count as saturated upstream of here.
-
-Names follow vLLM's V1 engine (``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_*``); the V0
-names (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as fallbacks so a
-GPU pool on an older vLLM still reports. The JAX engine exports the same names.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -28,17 +27,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from core.clock import Clock, SystemClock
-
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-CACHE_CONFIG = "vllm:cache_config_info"
+from local_tier.engines.read import (
+    Index,
+    histogram_totals,
+    index_samples,
+    signal_value,
+)
+from local_tier.engines.spec import EngineMapping, Signal
+from local_tier.engines.vllm import VLLM
 
 
 class MetricsError(Exception):
-    """The metrics page could not be read, or it is not a vLLM-style page."""
+    """The metrics page could not be read, or it is not the configured engine's page."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +48,12 @@ class MetricsSnapshot:
     read_at: float
     num_requests_running: int
     num_requests_waiting: int
-    kv_cache_usage_perc: float  # 0-1, fraction of KV blocks in use
+    kv_cache_usage_perc: float | None  # 0-1, KV pool in use; None: the engine exports none
     prefix_cache_queries: float  # tokens looked up in the prefix cache since start
     prefix_cache_hits: float  # of which found
     block_size: int | None = None  # tokens per KV block
     num_gpu_blocks: int | None = None  # KV blocks in the pool (CPU blocks on the CPU build)
+    pool_tokens: int | None = None  # the KV pool in tokens, where the engine states it so
 
     def age(self, now: float) -> float:
         """Seconds since the read, on the same monotonic clock as ``read_at``."""
@@ -73,60 +74,61 @@ class MetricsSnapshot:
     @property
     def kv_capacity_tokens(self) -> int | None:
         """Tokens the KV pool holds in total, when the page says how it is configured."""
+        if self.pool_tokens is not None:
+            return self.pool_tokens
         if self.block_size is None or self.num_gpu_blocks is None:
             return None
         return self.block_size * self.num_gpu_blocks
 
 
 def _index(text: str) -> dict[str, list[Sample]]:
-    """Samples by sample name (``..._total`` for counters), in page order."""
-    by_name: dict[str, list[Sample]] = {}
+    """Samples by sample name; ``MetricsError`` for text the parser refuses."""
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                by_name.setdefault(sample.name, []).append(sample)
+        return index_samples(text_string_to_metric_families(text))
     except ValueError as exc:  # the parser's only complaint for malformed text
         raise MetricsError(f"malformed metrics text: {exc}") from exc
-    return by_name
 
 
-def _sum(by_name: dict[str, list[Sample]], names: Iterable[str]) -> float | None:
-    """Sum over label sets of the first name present; ``None`` if none is."""
-    for name in names:
-        if name in by_name:
-            return float(sum(s.value for s in by_name[name]))
-    return None
-
-
-def _required(by_name: dict[str, list[Sample]], names: tuple[str, ...]) -> float:
-    value = _sum(by_name, names)
+def _required(index: Index, signal: Signal, mapping: EngineMapping) -> float:
+    value = signal_value(index, signal)
     if value is None:
-        raise MetricsError(f"metric {names[0]} missing from the page")
+        raise MetricsError(f"metric {signal.primary_name()} missing from the {mapping.kind} page")
     return value
 
 
-def _label_int(by_name: dict[str, list[Sample]], label: str) -> int | None:
-    """An integer label of ``cache_config_info`` (its value is always 1; the data is in labels)."""
-    for sample in by_name.get(CACHE_CONFIG, []):
-        raw = sample.labels.get(label)
-        if raw is not None and raw.isdigit():
-            return int(raw)
-    return None
+def _optional(index: Index, signal: Signal | None) -> float | None:
+    return None if signal is None else signal_value(index, signal)
 
 
-def parse_metrics(text: str, *, read_at: float) -> MetricsSnapshot:
-    """Parse Prometheus exposition text into a snapshot (pure)."""
-    by_name = _index(text)
+def _kv(index: Index, mapping: EngineMapping) -> float | None:
+    signal = mapping.kv_usage
+    if signal is None:
+        return None
+    return _required(index, signal, mapping) if signal.required else signal_value(index, signal)
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def snapshot_from(index: Index, read_at: float, mapping: EngineMapping) -> MetricsSnapshot:
+    """A snapshot of an indexed page (see ``local_tier.engines.read.index_samples``)."""
     return MetricsSnapshot(
         read_at=read_at,
-        num_requests_running=round(_required(by_name, RUNNING)),
-        num_requests_waiting=round(_required(by_name, WAITING)),
-        kv_cache_usage_perc=_required(by_name, KV_USAGE),
-        prefix_cache_queries=_sum(by_name, PREFIX_QUERIES) or 0.0,
-        prefix_cache_hits=_sum(by_name, PREFIX_HITS) or 0.0,
-        block_size=_label_int(by_name, "block_size"),
-        num_gpu_blocks=_label_int(by_name, "num_gpu_blocks"),
+        num_requests_running=round(_required(index, mapping.running, mapping)),
+        num_requests_waiting=round(_required(index, mapping.waiting, mapping)),
+        kv_cache_usage_perc=_kv(index, mapping),
+        prefix_cache_queries=_optional(index, mapping.prefix_queries) or 0.0,
+        prefix_cache_hits=_optional(index, mapping.prefix_hits) or 0.0,
+        block_size=_whole(_optional(index, mapping.block_size)),
+        num_gpu_blocks=_whole(_optional(index, mapping.num_blocks)),
+        pool_tokens=_whole(_optional(index, mapping.pool_tokens)),
     )
+
+
+def parse_metrics(text: str, *, read_at: float, mapping: EngineMapping = VLLM) -> MetricsSnapshot:
+    """Parse Prometheus exposition text into a snapshot through ``mapping`` (pure)."""
+    return snapshot_from(_index(text), read_at, mapping)
 
 
 def _page(response: httpx.Response) -> str:
@@ -136,7 +138,11 @@ def _page(response: httpx.Response) -> str:
 
 
 def fetch_metrics(
-    base_url: str, client: httpx.Client, clock: Clock | None = None, timeout: float = 2.0
+    base_url: str,
+    client: httpx.Client,
+    clock: Clock | None = None,
+    timeout: float = 2.0,
+    mapping: EngineMapping = VLLM,
 ) -> MetricsSnapshot:
     """GET ``{base_url}/metrics`` and parse it; transport failures become ``MetricsError``.
 
@@ -147,11 +153,15 @@ def fetch_metrics(
         response = client.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
     except httpx.HTTPError as exc:
         raise MetricsError(f"GET {base_url}/metrics failed: {exc!r}") from exc
-    return parse_metrics(_page(response), read_at=clock.now())
+    return parse_metrics(_page(response), read_at=clock.now(), mapping=mapping)
 
 
 async def afetch_metrics(
-    base_url: str, client: httpx.AsyncClient, clock: Clock | None = None, timeout: float = 2.0
+    base_url: str,
+    client: httpx.AsyncClient,
+    clock: Clock | None = None,
+    timeout: float = 2.0,
+    mapping: EngineMapping = VLLM,
 ) -> MetricsSnapshot:
     """Async twin of ``fetch_metrics``, for pollers that run in the gateway's event loop."""
     clock = clock or SystemClock()
@@ -159,43 +169,44 @@ async def afetch_metrics(
         response = await client.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
     except httpx.HTTPError as exc:
         raise MetricsError(f"GET {base_url}/metrics failed: {exc!r}") from exc
-    return parse_metrics(_page(response), read_at=clock.now())
+    return parse_metrics(_page(response), read_at=clock.now(), mapping=mapping)
 
 
 # ---- cutting a page down before parsing (a poller reads it 10 times a second)
 
-TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
-TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-_SNAPSHOT_NAMES = frozenset(
-    (*RUNNING, *WAITING, *KV_USAGE, *PREFIX_QUERIES, *PREFIX_HITS, CACHE_CONFIG)
-)
+
+def _sample_name(line: str) -> str:
+    brace, space = line.find("{"), line.find(" ")
+    cut = min(i for i in (brace, space, len(line)) if i >= 0)
+    return line[:cut]
 
 
-def split_page(text: str) -> tuple[str, str]:
-    """(the lines ``parse_metrics`` needs, the TTFT sum/count lines), comments dropped."""
+def split_page(text: str, mapping: EngineMapping = VLLM) -> tuple[str, str]:
+    """(the lines ``parse_metrics`` needs, the TTFT sum/count lines), comments dropped.
+
+    Only the series ``mapping`` reads are kept, so parsing the cut page gives the snapshot
+    the whole page gives, at a fraction of the cost."""
+    snapshot_names, ttft_names = mapping.snapshot_names(), mapping.ttft_names()
+    prefixes = tuple(snapshot_names | ttft_names)
     keep: list[str] = []
     ttft: list[str] = []
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(prefixes):
             continue
-        brace, space = line.find("{"), line.find(" ")
-        cut = min(i for i in (brace, space, len(line)) if i >= 0)
-        name = line[:cut]
-        if name in _SNAPSHOT_NAMES:
+        name = _sample_name(line)
+        if name in snapshot_names:
             keep.append(line)
-        elif name in (TTFT_SUM, TTFT_COUNT):
+        elif name in ttft_names:
             ttft.append(line)
     return "\n".join(keep) + "\n", "\n".join(ttft) + "\n"
 
 
-def ttft_totals(lines: str) -> tuple[float, float] | None:
-    """(sum, count) of the TTFT histogram over all label sets; ``None`` when absent."""
-    totals = {TTFT_SUM: 0.0, TTFT_COUNT: 0.0}
-    seen = False
+def ttft_totals(lines: str, mapping: EngineMapping = VLLM) -> tuple[float, float] | None:
+    """(sum in seconds, count) of the engine's TTFT histogram over the label sets it reads;
+    ``None`` when the page has none (or the engine exports none)."""
+    if mapping.ttft is None:
+        return None
+    index: Index = {}
     with contextlib.suppress(ValueError):
-        for family in text_string_to_metric_families(lines):
-            for sample in family.samples:
-                if sample.name in totals:
-                    totals[sample.name] += sample.value
-                    seen = True
-    return (totals[TTFT_SUM], totals[TTFT_COUNT]) if seen else None
+        index = index_samples(text_string_to_metric_families(lines))
+    return histogram_totals(index, mapping.ttft)
