@@ -32,6 +32,7 @@ from core.config_routing import (
     strategy_hint,
 )
 from core.config_tenants import AuthConfig, LedgerConfig, Price, StateConfig, TenantConfig
+from core.config_workers import WorkerConfig, worker_problems
 
 PositiveFloat = Annotated[float, Meta(gt=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -206,6 +207,7 @@ class Config(_Strict, frozen=True):
     idempotency: IdempotencyConfig = IdempotencyConfig()
     batch: BatchConfig = BatchConfig()
     control: ControlConfig | None = None  # None: no control plane (keys file only)
+    workers: dict[str, WorkerConfig] = {}  # processes `serve` runs itself (core/config_workers)
     source: str | None = None  # the file it was loaded from (set by load_config)
 
     @property
@@ -343,7 +345,8 @@ def parse_config(text: str | bytes) -> Config:
     models = _decode_mapping(raw_models, "models", ModelConfig, errors)
     errors = [strategy_hint(error) for error in errors]
     tenants = _decode_mapping(raw.get("tenants"), "tenants", TenantConfig, errors)
-    sections: dict[str, Any] = {}
+    workers = _decode_mapping(raw.get("workers"), "workers", WorkerConfig, errors)
+    sections: dict[str, Any] = {"workers": workers}
     for key, kind in _SECTIONS.items():
         try:
             sections[key] = msgspec.convert(raw.get(key) or {}, kind)
@@ -357,6 +360,7 @@ def parse_config(text: str | bytes) -> Config:
     raw_providers = raw.get("providers")
     known = raw_providers if isinstance(raw_providers, dict) else {}
     _check_references(known, models, tenants, errors)
+    errors += worker_problems(workers, {str(n): providers.get(str(n)) for n in known})
     _check_state(sections, errors)
     _check_observability(sections, errors)
     _check_webhooks(sections, tenants, errors)

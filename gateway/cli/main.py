@@ -1,4 +1,5 @@
-"""``switchyard`` command line: serve, check-config, worker, keys, usage, route, --version."""
+"""``switchyard`` command line: serve, check-config, worker, workers, keys, usage, route,
+--version."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gateway import __version__
 from gateway.cli import keys as cli_keys
 from gateway.cli import route as cli_route
 from gateway.cli import usage as cli_usage
+from gateway.cli import workers as cli_workers
 from gateway.cli.common import CONFIG_HELP, config_path
 
 
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_keys.add_parser(commands)
     cli_usage.add_parser(commands)
     cli_route.add_parser(commands)
+    cli_workers.add_parser(commands)
     return parser
 
 
@@ -108,10 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         return cmd_serve(args)
-    if args.command == "keys":
-        return cli_keys.run(args)
-    if args.command == "usage":
-        return cli_usage.run(args)
+    runners = {"keys": cli_keys.run, "usage": cli_usage.run, "workers": cli_workers.run}
+    if args.command in runners:
+        return runners[args.command](args)
     if args.command == "route":
         return cli_route.run(args, config_path(args.config))
     return cmd_check_config(args)

@@ -32,6 +32,7 @@ from core.protocols import Provider, Timeouts
 from core.tenancy import Principal
 from gateway.process.target_prices import resolve_target_price
 from local_tier.discovery import dns_name, replica_config, replica_name
+from local_tier.workers.replicas import managed_key, managed_replica_config
 from policies.auth import Authenticator
 from policies.quotas import QuotaManager
 from policies.quotas.releases import PendingReleases
@@ -105,10 +106,15 @@ def build_provider(
 
 
 def _instances(
-    name: str, config: ProviderConfig, replicas: Mapping[str, Sequence[str]]
+    name: str, config: ProviderConfig, replicas: Mapping[str, Sequence[str]], managed: bool
 ) -> Iterator[tuple[str, str | None, ProviderConfig]]:
     """(provider name, replica address, its config) for each instance of provider ``name``:
-    itself, or for a discovered one each address its DNS name has (maybe none)."""
+    itself, or for a discovered one each address its DNS name has (maybe none), or for one
+    served by ``workers:`` (``managed``) each ready worker's ``127.0.0.1:PORT``."""
+    if managed and isinstance(config, VllmProviderConfig):
+        for address in replicas.get(managed_key(name), ()):
+            yield replica_name(name, address), address, managed_replica_config(config, address)
+        return
     if not isinstance(config, VllmProviderConfig) or config.discovery is None:
         yield name, None, config
         return
@@ -177,6 +183,10 @@ class Runtime:
             for c in config.providers.values()
             if isinstance(c, VllmProviderConfig) and c.discovery is not None
         }
+        # providers served by `workers:` processes: their ready workers' addresses
+        self.managed = {w.provider for w in config.workers.values()} & set(config.providers)
+        for managed in self.managed:
+            self.replicas[managed_key(managed)] = tuple(replicas.get(managed_key(managed), ()))
         self.providers: dict[str, Provider] = {}
         self.disabled: list[DisabledProvider] = []
         self._fresh: list[Provider] = []
@@ -210,7 +220,8 @@ class Runtime:
             _log.warning("provider.disabled", provider=name, reason=problem)
             return
         self._instances[name] = []
-        for instance, address, instance_config in _instances(name, config, self.replicas):
+        instances = _instances(name, config, self.replicas, name in self.managed)
+        for instance, address, instance_config in instances:
             reused = previous._reusable(instance, instance_config, key) if previous else None
             if reused is None:
                 reused = build_provider(instance, instance_config, client, key, progress)
@@ -279,6 +290,8 @@ class Runtime:
         )
 
     def _no_replicas(self, name: str) -> str:
+        if name in self.managed:
+            return "no replicas: none of its workers is ready yet (workers:)"
         config = self.config.providers[name]
         host = dns_name(config) if isinstance(config, VllmProviderConfig) else name
         return f"no replicas: DNS name {host} has no known address (discovery)"

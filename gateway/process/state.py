@@ -17,9 +17,11 @@ from core.tenancy import Principal
 from gateway.process.control import GatewayControl, open_control
 from gateway.process.health import Trackers
 from gateway.process.runtime import Progress, Runtime, Stores
+from gateway.process.workers import config_dir, worker_replicas
 from local_tier.capacity import CapacityMonitor, ReplicaSpec
 from local_tier.discovery import Discovery, discovered_names
 from local_tier.prefix_index import PrefixIndex
+from local_tier.workers import Supervisor
 from policies.admission import AdmissionQueue
 from policies.breaker import SharedBreakers
 from policies.goodput import GoodputMeter
@@ -140,6 +142,9 @@ class GatewayState:
         # DNS names of discovered providers: resolved at start, then every interval_s
         self.discovery = Discovery(self.clock, self.apply_discovery)
         self.discovery.configure(discovered_names(config))
+        # `workers:` processes: launched by start(), served as replicas once ready
+        self.workers = Supervisor(self.clock, self.apply_workers)
+        self.workers.configure(config.workers, config_dir(config))
         capacity = CapacityMonitor(
             local_replicas(self.runtime),
             self.client,
@@ -174,6 +179,7 @@ class GatewayState:
             await self._start_control(self.control)
         if self.discovery.names():
             await self._start_discovery()
+        await self.workers.start()
         self._start_task = asyncio.create_task(self._start())
         await self.trackers.capacity.start()
         await self.trackers.breakers.start()
@@ -219,18 +225,32 @@ class GatewayState:
         """Resolve the discovered names once (each bounded by its ``timeout_s``), rebuild
         the not yet started runtime with the replicas found, then keep them fresh."""
         await self.discovery.refresh()
-        self.runtime = self.build_runtime(self.runtime.config, replicas=self.discovery.addresses())
+        self.runtime = self.build_runtime(self.runtime.config, replicas=self.replica_addresses())
         self._track(self.runtime)
         self.spawn(self.discovery.run())
 
+    def replica_addresses(self) -> dict[str, tuple[str, ...]]:
+        """The replicas the runtime should serve: discovered addresses and ready workers."""
+        workers = worker_replicas(self.workers, self.runtime.config)
+        return {**self.discovery.addresses(), **workers}
+
     async def apply_discovery(self) -> None:
-        """Serve the replicas discovery knows now, when they differ from the runtime's:
-        a rebuild from the same config, swapped in as a reload is (unchanged replicas carried
-        over, dropped ones closed after the drain). A failure is logged and retried."""
-        if self.runtime.replicas == self.discovery.addresses():
+        await self.apply_replicas("discovery")
+
+    async def apply_workers(self) -> None:
+        """Called by the supervisor when a worker became ready or left: returns once the
+        runtime serves exactly the ready ones (a draining worker gets no new request)."""
+        await self.apply_replicas("workers")
+
+    async def apply_replicas(self, source: str) -> None:
+        """Serve the replicas discovery and the workers know now, when they differ from the
+        runtime's: a rebuild from the same config, swapped in as a reload is (unchanged
+        replicas carried over, dropped ones closed after the drain). A failure is logged
+        and retried (``source``, discovery or workers, names the log events)."""
+        if self.runtime.replicas == self.replica_addresses():
             return
         async with self.rebuild_lock:
-            wanted = self.discovery.addresses()
+            wanted = self.replica_addresses()
             if self.runtime.replicas == wanted:
                 return
             try:
@@ -239,9 +259,9 @@ class GatewayState:
                 )
                 await runtime.start()
             except Exception:
-                _log.exception("discovery.apply_failed")
+                _log.exception(f"{source}.apply_failed")
                 return
-            await self.swap(runtime, "discovery.applied")
+            await self.swap(runtime, f"{source}.applied")
 
     def effective(self, config: Config) -> Config:
         """``config`` (the policy file's) with the control plane's tenants merged in."""
@@ -296,6 +316,7 @@ class GatewayState:
         config = runtime.config
         self._track(runtime)
         self.discovery.configure(discovered_names(config))
+        self.workers.configure(config.workers, config_dir(config))  # a reload's plan
         self.queue.set_weights(_weights(config))
         if runtime.retired:
             self.spawn(_close_later(runtime, config.server.drain_timeout_s))
@@ -340,6 +361,7 @@ class GatewayState:
             self._start_task.cancel()
         for task in list(self._background):
             task.cancel()
+        await self.workers.aclose()  # drain and stop every worker process
         await self.trackers.capacity.aclose()
         await self.trackers.breakers.aclose()
         if self.shared_load is not None:  # drained: its last publish clears our counts

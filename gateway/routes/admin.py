@@ -13,6 +13,7 @@ from core.routing import RouteRequest
 from gateway.http.guard import require_admin
 from gateway.process.reload import Reloader
 from gateway.process.state import GatewayState
+from gateway.process.workers import workers_report
 from policies.store.base import StoreUnavailableError
 
 _JSON = "application/json"
@@ -48,8 +49,8 @@ async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/admin/targets")
 async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Each target's breaker state, latency estimates, saturation and cache hit rate, and
-    the admission queue's depth per tenant."""
+    """Each target's breaker state, latency estimates, saturation and cache hit rate, the
+    admission queue's depth per tenant, and each `workers:` process (docs/workers.md)."""
     require_admin(request)
     body = targets_report(_state(request))
     return Response(msgspec.json.encode(body), media_type=_JSON)
@@ -57,7 +58,8 @@ async def list_targets(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 def targets_report(state: GatewayState) -> dict[str, Any]:
     """``GET /admin/targets``'s body (also the admin console's targets page): every target
-    once, with the aliases that use it and its health; skipped targets; the queue."""
+    once, with the aliases that use it and its health; skipped targets; the queue; the
+    worker processes (state, pid, port, devices, restarts, load)."""
     runtime = state.runtime
     seen: dict[str, dict[str, Any]] = {}
     for alias, targets in runtime.targets.items():
@@ -81,7 +83,8 @@ def targets_report(state: GatewayState) -> dict[str, Any]:
         if items
     }
     queue = {"depth": state.queue.depth, "by_tenant": state.queue.depth_by_tenant()}
-    return {"targets": list(seen.values()), "skipped": skipped, "queue": queue}
+    workers = workers_report(state.workers, runtime, state.trackers.capacity)
+    return {"targets": list(seen.values()), "skipped": skipped, "queue": queue, "workers": workers}
 
 
 @get("/admin/goodput")

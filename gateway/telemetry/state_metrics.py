@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from gateway.process.reload import Reloader
 from gateway.process.state import GatewayState, target_labels
+from gateway.process.workers import worker_metrics
 from policies.idempotency import IdempotencyKeys
 
 _BREAKER_STATES = ("closed", "open", "half_open")
@@ -35,6 +36,7 @@ class StateCollector(Collector):
         yield from self._breakers()
         yield from self._targets()
         yield from self._replicas()
+        yield from worker_metrics(self._state.workers)  # restarts, states (workers:)
         yield from self._ledger()
         yield from self._reloads()
         yield from self._idempotent()
