@@ -67,11 +67,13 @@ class Reloaded(msgspec.Struct):
 
 
 class TargetsView(msgspec.Struct):
-    """``GET /admin/targets``: each target's health, skipped targets, the queue's depth."""
+    """``GET /admin/targets``: each target's health, skipped targets, the queue's depth,
+    and the worker processes ``serve`` runs (``workers:``; empty without)."""
 
     targets: list[dict[str, Any]]
     skipped: dict[str, list[dict[str, Any]]]
     queue: dict[str, Any]
+    workers: list[dict[str, Any]] = []
 
 
 class GoodputView(msgspec.Struct):
@@ -263,7 +265,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         (400, 401, 403),
     ),
     ("GET", "/admin/targets"): Operation(
-        "Targets' breaker state, latency, saturation and cache hit rate; queue depth",
+        "Targets' breaker state, latency, saturation and cache hit rate; queue depth; workers",
         "admin",
         "admin",
         {_JSON: TargetsView},
