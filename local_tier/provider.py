@@ -5,6 +5,8 @@ meanwhile), compiles (``Engine.start``), then runs a one-token probe; ``is_ready
 only after the probe answered. Calls raise only ``core.errors`` types: a request the engine
 rejects is an ``InvalidRequestError``/``ContextLengthError`` with ``param``; a full queue is an
 ``UpstreamRateLimitedError`` (retry after 1 s) so the router spills over to the next target.
+vLLM's sampling extensions (``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ...) are read
+from the client's JSON body (``CallContext.raw_body``), as the worker reads them.
 Closing a stream's generator aborts the sequence and frees its KV blocks.
 """
 
@@ -35,6 +37,7 @@ from local_tier.jax.api import (
     GenerationRequest,
     SamplingParams,
 )
+from local_tier.vllm_extensions import VllmExtensions, vllm_extensions
 
 ProgressFn = Callable[[str], None]
 EngineLoader = Callable[[JaxProviderConfig, ProgressFn | None], Awaitable[EngineProtocol]]
@@ -164,7 +167,7 @@ class JaxProvider:
     async def chat(self, req: ChatRequest, ctx: CallContext) -> ChatResult:
         with _named(self.name):
             engine = self._ready_engine()
-            request = serving.chat_generation(engine, req, self._request_id(ctx))
+            request = serving.chat_generation(engine, req, self._request_id(ctx), _ext(ctx))
             answer = await self._collect(request, ctx)
             meta = serving.new_meta("chatcmpl", engine.model_name)
             return ChatResult(serving.chat_response(meta, answer))
@@ -173,7 +176,7 @@ class JaxProvider:
         """Chunks of one answer; closing this generator aborts the engine sequence."""
         with _named(self.name):
             engine = self._ready_engine()
-            request = serving.chat_generation(engine, req, self._request_id(ctx))
+            request = serving.chat_generation(engine, req, self._request_id(ctx), _ext(ctx))
             outputs = await self._started(request, ctx)
             meta = serving.new_meta("chatcmpl", engine.model_name)
             chunks = serving.chat_chunks(outputs, meta, req.wants_usage_in_stream())
@@ -184,7 +187,7 @@ class JaxProvider:
     async def complete(self, req: CompletionRequest, ctx: CallContext) -> RawResult:
         with _named(self.name):
             engine = self._ready_engine()
-            request = serving.completion_generation(engine, req, self._request_id(ctx))
+            request = serving.completion_generation(engine, req, self._request_id(ctx), _ext(ctx))
             answer = await self._collect(request, ctx)
             meta = serving.new_meta("cmpl", engine.model_name)
             body, usage = serving.completion_body(meta, answer)
@@ -196,7 +199,7 @@ class JaxProvider:
         """Text-completion chunks (JSON bytes); closing this generator aborts the sequence."""
         with _named(self.name):
             engine = self._ready_engine()
-            request = serving.completion_generation(engine, req, self._request_id(ctx))
+            request = serving.completion_generation(engine, req, self._request_id(ctx), _ext(ctx))
             outputs = await self._started(request, ctx)
             meta = serving.new_meta("cmpl", engine.model_name)
             usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -204,6 +207,13 @@ class JaxProvider:
             async with serving.owned(parts):
                 async for part in parts:
                     yield part
+
+
+def _ext(ctx: CallContext) -> VllmExtensions:
+    """vLLM's sampling extensions from the client's own JSON (``ctx.raw_body``), so a
+    gateway client can send them as it would to vLLM. Their ``priority`` is not the
+    client's to choose here: ``_started`` sets the gateway's (``ctx.priority``)."""
+    return vllm_extensions(ctx.raw_body)
 
 
 def _capabilities(max_context: int) -> Capabilities:

@@ -37,7 +37,6 @@ from core.wire import (
     CompletionRequest,
     Delta,
     FinishReason,
-    Int64,
     Message,
     RawStreamPart,
     TextPart,
@@ -52,15 +51,7 @@ from local_tier.jax.api import (
     GenerationRequest,
     SamplingParams,
 )
-
-
-class VllmExtensions(Struct):
-    """vLLM's request fields beyond OpenAI's that the local engine honours. ``priority``:
-    lower runs first (vLLM's ``--scheduling-policy priority``); the gateway sends batch
-    items at 1."""
-
-    priority: Int64 = 0
-
+from local_tier.vllm_extensions import VllmExtensions
 
 # OpenAI's (and vLLM's) default output cap for legacy completions.
 DEFAULT_COMPLETION_TOKENS = 16
@@ -170,9 +161,14 @@ def sampling_params(
     )
 
 
-def chat_generation(engine: EngineProtocol, req: ChatRequest, request_id: str) -> GenerationRequest:
+def chat_generation(
+    engine: EngineProtocol,
+    req: ChatRequest,
+    request_id: str,
+    extensions: VllmExtensions | None = None,
+) -> GenerationRequest:
     """Validate a chat request and turn it into the engine's request (the model's own chat
-    template renders the prompt)."""
+    template renders the prompt), with vLLM's ``extensions`` from the same body."""
     check_chat_features(req)
     prompt = render_prompt(engine, template_messages(req.messages))
     ids = engine.tokenizer.encode(prompt)
@@ -181,13 +177,26 @@ def chat_generation(engine: EngineProtocol, req: ChatRequest, request_id: str) -
     params = sampling_params(
         req.output_limit(), req.temperature, req.top_p, req.stop_list(), req.seed, req.top_k
     )
-    return GenerationRequest(request_id, ids, params)
+    return _with_extensions(GenerationRequest(request_id, ids, params), extensions)
+
+
+def _with_extensions(
+    request: GenerationRequest, extensions: VllmExtensions | None
+) -> GenerationRequest:
+    if extensions is not None:
+        request.params = extensions.apply(request.params)
+        request.priority = extensions.priority
+    return request
 
 
 def completion_generation(
-    engine: EngineProtocol, req: CompletionRequest, request_id: str
+    engine: EngineProtocol,
+    req: CompletionRequest,
+    request_id: str,
+    extensions: VllmExtensions | None = None,
 ) -> GenerationRequest:
-    """Validate a legacy completion request (one prompt, n=1) for the engine."""
+    """Validate a legacy completion request (one prompt, n=1) for the engine, with vLLM's
+    ``extensions`` from the same body."""
     if req.n is not None and req.n > 1:
         raise InvalidRequestError("Only n=1 is supported by this model server.", param="n")
     if req.max_tokens == 0:
@@ -197,7 +206,7 @@ def completion_generation(
     check_fit(len(ids), max_tokens, engine.max_model_len, ("prompt", "max_tokens"))
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     params = sampling_params(max_tokens, req.temperature, req.top_p, stop, req.seed)
-    return GenerationRequest(request_id, ids, params)
+    return _with_extensions(GenerationRequest(request_id, ids, params), extensions)
 
 
 def _prompt_ids(engine: EngineProtocol, prompt: object) -> list[int]:

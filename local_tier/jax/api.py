@@ -23,8 +23,9 @@ Contract of ``Engine`` (see ``EngineProtocol`` below):
   ``max_tokens`` beyond it, bad sampling values, or a request that can never fit the KV cache.
   It raises ``EngineOverloadedError`` when ``max_waiting`` requests already wait.
 - It yields one ``GenerationOutput`` per engine step that produced new text (or new tokens)
-  and always ends with exactly one output whose ``finish_reason`` is set ("stop": EOS or a
-  stop string; "length": ``max_tokens`` or the context limit; "abort": the engine stopped).
+  and always ends with exactly one output whose ``finish_reason`` is set ("stop": EOS, a
+  ``stop_token_ids`` id or a stop string; "length": ``max_tokens`` or the context limit;
+  "abort": the engine stopped).
   Usage fields (prompt_tokens, completion_tokens, cached_tokens) and ``scheduled_at`` are
   filled on every output.
 - Closing or cancelling the iterator aborts the sequence and frees its KV blocks.
@@ -53,8 +54,14 @@ class SamplingParams(msgspec.Struct, frozen=True):
     top_p: float = 1.0  # (0, 1]
     top_k: int = 0  # 0 = off
     seed: int | None = None  # same seed + same prompt + same params = same tokens
-    stop: tuple[str, ...] = ()  # stop strings (not included in output)
+    stop: tuple[str, ...] = ()  # stop strings (cut from the output unless included below)
     ignore_eos: bool = False  # keep going past EOS (benchmarks)
+    # vLLM's extensions (docs/local_tier_jax.md, "vLLM's sampling extensions"):
+    min_tokens: int = 0  # EOS, stop_token_ids and stop strings cannot end the output sooner
+    stop_token_ids: tuple[int, ...] = ()  # more ids that end the output ("stop")
+    repetition_penalty: float = 1.0  # > 0; 1 = off; CTRL's rule over prompt and output ids
+    skip_special_tokens: bool = True  # special tokens left out of the text
+    include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token)
 
 
 class GenerationRequest(msgspec.Struct):

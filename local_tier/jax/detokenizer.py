@@ -7,7 +7,8 @@ token completes it (the method vLLM uses, with a prefix window so each step deco
 few tokens).
 
 ``StopFilter`` hides stop strings: it emits text only once it is sure that the text cannot be
-the start of a stop string, and on a match it emits everything before the match and stops.
+the start of a stop string, and on a match it emits everything before the match (or up to its
+end, with vLLM's ``include_stop_str_in_output``) and stops.
 """
 
 from __future__ import annotations
@@ -45,32 +46,58 @@ class IncrementalDetokenizer:
 
 
 class StopFilter:
-    """Holds back text that could begin a stop string; reports the first full match."""
+    """Holds back text that could begin a stop string; reports the first full match.
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    vLLM's rules: the match that completes earliest in the text wins (ties: list order); a
+    match must end in the text of the current ``push`` (it may begin in earlier text); text
+    pushed with ``check=False`` (vLLM's first ``min_tokens`` tokens) is never searched, but a
+    stop string that begins there and completes later still counts. With ``include`` the
+    matched stop string stays in the output and nothing needs holding back.
+    """
+
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
-        self._held = ""
+        self._include = include
+        self._span = max((len(s) for s in self._stops), default=1) - 1
+        self._held = ""  # text not emitted yet (it may begin a stop string)
+        self._context = ""  # the end of the emitted text, where a later match may begin
         self.stopped = False
 
-    def push(self, text: str) -> str:
-        """Text that is safe to emit now; sets ``stopped`` when a stop string appeared."""
+    def push(self, text: str, check: bool = True) -> str:
+        """Text that is safe to emit now; sets ``stopped`` when a stop string completed."""
         if self.stopped:
             return ""
         if not self._stops:
             return text
-        buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
-        if hits:
-            self.stopped, self._held = True, ""
-            return buf[: min(hits)]
-        keep = self._partial_len(buf)
-        self._held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
+        pending = self._held + text
+        window = self._context + pending
+        if check:
+            hit = self._first_match(window, len(window) - len(text))
+            if hit is not None:
+                start, stop = hit
+                self.stopped, self._held = True, ""
+                end = start + len(stop) if self._include else start
+                return window[len(self._context) : max(end, len(self._context))]
+        keep = 0 if self._include else self._partial_len(pending)
+        out = pending[: len(pending) - keep]
+        self._held = pending[len(pending) - keep :]
+        if self._include and self._span:  # excluded stops always begin in held text
+            self._context = (self._context + out)[-self._span :]
+        return out
 
     def flush(self) -> str:
         """At the end of generation (not stopped), the held-back text is real output."""
         out, self._held = ("" if self.stopped else self._held), ""
         return out
+
+    def _first_match(self, window: str, new_from: int) -> tuple[int, str] | None:
+        """(start, stop) of the match ending earliest after ``new_from``, ties by order."""
+        best: tuple[int, str] | None = None
+        for stop in self._stops:
+            start = window.find(stop, max(0, new_from - len(stop) + 1))
+            if start >= 0 and (best is None or start + len(stop) < best[0] + len(best[1])):
+                best = (start, stop)
+        return best
 
     def _partial_len(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +27,7 @@ from local_tier.jax.api import (
     SamplingParams,
 )
 from local_tier.jax.detokenizer import IncrementalDetokenizer, StopFilter
-from local_tier.jax.sampling import Sampler
+from local_tier.jax.sampling import Sampler, check_params
 from local_tier.jax.scheduler import Scheduler, Sequence, StepPlan
 from local_tier.jax.setup import Loaded, load_engine_parts, warmup_shapes
 from local_tier.jax.tokenizer import Tokenizer
@@ -42,6 +42,7 @@ class _Request:
     sampler: Sampler
     detok: IncrementalDetokenizer
     stops: StopFilter
+    end_ids: frozenset[int]  # tokens that end the output: EOS (unless ignored), stop_token_ids
     out: asyncio.Queue[GenerationOutput] = field(default_factory=asyncio.Queue)
     pending_ids: list[int] = field(default_factory=list)  # sampled, text still held back
     done: bool = False
@@ -145,17 +146,25 @@ class Engine:
         seq = Sequence(
             req.request_id, list(req.prompt_token_ids), max_tokens, priority=req.priority
         )
-        state = _Request(
-            seq,
-            req.params,
-            Sampler(req.params),
-            IncrementalDetokenizer(self.tokenizer.decode),
-            StopFilter(req.params.stop),
-        )
+        state = self._request_state(seq, req.params)
         self._requests[req.request_id] = state
         self._incoming.append(state)
         self._wake.set()
         return state
+
+    def _request_state(self, seq: Sequence, p: SamplingParams) -> _Request:
+        """The sampler, detokenizer and stop rules of one request (vLLM's semantics)."""
+        stop_ids = frozenset(p.stop_token_ids)
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=p.skip_special_tokens)
+        return _Request(
+            seq,
+            p,
+            # min_tokens holds back EOS even under ignore_eos, as vLLM's all_stop_token_ids.
+            Sampler(p, seq.prompt_ids, self._eos | stop_ids),
+            IncrementalDetokenizer(decode),
+            StopFilter(p.stop, include=p.include_stop_str_in_output),
+            stop_ids if p.ignore_eos else self._eos | stop_ids,
+        )
 
     def _validate(self, req: GenerationRequest) -> int:
         """Raise ``EngineRequestError`` for anything that can never run; return max_tokens."""
@@ -169,7 +178,7 @@ class Engine:
         vocab = self.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in req.prompt_token_ids):
             raise EngineRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
-        _check_sampling(p)
+        check_params(p, vocab)
         limit = min(self.max_model_len, self._sched.pool.num_blocks * self._sched.pool.block_size)
         if n >= limit:
             raise EngineRequestError(
@@ -179,6 +188,11 @@ class Engine:
                 code="context_length_exceeded",
             )
         if p.max_tokens is None:
+            if p.min_tokens > limit - n:  # vLLM compares with the default max_tokens too
+                raise EngineRequestError(
+                    f"min_tokens must be <= max_tokens={limit - n}, got {p.min_tokens}",
+                    "min_tokens",
+                )
             return limit - n
         if n + p.max_tokens > limit:
             raise EngineRequestError(
@@ -219,8 +233,13 @@ class Engine:
         self._incoming.clear()
 
     def _rows_greedy(self, plan: StepPlan) -> list[bool]:
+        """Per sampled row: whether the device's argmax is its token (greedy, and nothing
+        changes its logits this step), so the step may skip copying logits to the host."""
         seqs = plan.decode if plan.kind == "decode" else [i.seq for i in plan.prefill if i.sample]
-        return [self._requests[s.request_id].sampler.greedy for s in seqs]
+        return [
+            self._requests[s.request_id].sampler.device_argmax_exact(len(s.output_ids))
+            for s in seqs
+        ]
 
     def _apply(self, plan: StepPlan, ids: Any, logits: Any) -> None:
         if plan.kind == "decode":
@@ -237,21 +256,35 @@ class Engine:
         req = self._requests.get(seq.request_id)
         if req is None or req.done:
             return
-        token = int(ids[row]) if req.sampler.greedy else req.sampler.sample(logits[row])
+        sampler = req.sampler
+        if sampler.device_argmax_exact(len(seq.output_ids)):
+            token = int(ids[row])
+        else:
+            token = sampler.sample(logits[row], seq.output_ids)
         seq.output_ids.append(token)
         self._gen_tokens += 1
         self._emit(req, token)
 
     def _emit(self, req: _Request, token: int) -> None:
-        seq, reason = req.seq, None
-        if token in self._eos and not req.params.ignore_eos:
-            reason, text = "stop", req.stops.push(req.detok.flush())
+        """Detokenize ``token`` and decide whether the output ends (vLLM's rules: an end
+        token's text is left out unless include_stop_str_in_output; stop strings are searched
+        only in the text of tokens after the first min_tokens)."""
+        seq, p, reason = req.seq, req.params, None
+        check = len(seq.output_ids) > p.min_tokens
+        if token in req.end_ids:  # min_tokens masked these while it mattered
+            reason = "stop"
+            text = (
+                req.stops.push(req.detok.push([token]), check)
+                if p.include_stop_str_in_output
+                else ""
+            )
+            text += req.stops.push(req.detok.flush(), check)
         else:
-            text = req.stops.push(req.detok.push([token]))
+            text = req.stops.push(req.detok.push([token]), check)
             if req.stops.stopped:
                 reason = "stop"
             elif len(seq.output_ids) >= seq.max_tokens:
-                reason, text = "length", text + req.stops.push(req.detok.flush())
+                reason, text = "length", text + req.stops.push(req.detok.flush(), check)
         if reason is not None:
             text += req.stops.flush()
             self._finish(req, reason, text, [token])
@@ -285,16 +318,3 @@ class Engine:
         self._requests.pop(req.seq.request_id, None)
         self._finished += 1
         req.out.put_nowait(self._output(req, text, ids or [], reason))
-
-
-def _check_sampling(p: SamplingParams) -> None:
-    if not (math.isfinite(p.temperature) and p.temperature >= 0):
-        raise EngineRequestError("temperature must be a finite number >= 0", "temperature")
-    if not (math.isfinite(p.top_p) and 0 < p.top_p <= 1):
-        raise EngineRequestError("top_p must be in (0, 1]", "top_p")
-    if p.top_k < 0:
-        raise EngineRequestError("top_k must be >= 0 (0 disables it)", "top_k")
-    if p.max_tokens is not None and p.max_tokens < 1:
-        raise EngineRequestError("max_tokens must be >= 1", "max_tokens")
-    if any(not isinstance(s, str) or not s for s in p.stop):
-        raise EngineRequestError("stop strings must be non-empty strings", "stop")

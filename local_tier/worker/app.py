@@ -3,6 +3,9 @@
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming or not),
 ``GET /v1/models``, ``GET /health`` (200 only when the model answered its probe),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /metrics`` (vLLM's metric names).
+Chat and completion bodies may carry vLLM's extensions (``local_tier.vllm_extensions``:
+``priority``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``repetition_penalty``,
+``skip_special_tokens``, ``include_stop_str_in_output``).
 Errors are OpenAI's ``{"error": {...}}`` with vLLM's statuses (unknown model 404, too long or
 otherwise invalid 400, full queue 429 with ``Retry-After``, still loading 503). A client that
 disconnects, mid-stream or while waiting for a whole answer, aborts its engine sequence.
@@ -11,7 +14,6 @@ disconnects, mid-stream or while waiting for a whole answer, aborts its engine s
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from core.errors import GatewayError, InvalidRequestError
 from core.wire import ChatRequest, CompletionRequest, ErrorBody, ErrorDetail
 from local_tier import serving
+from local_tier.vllm_extensions import decode_body, vllm_extensions
 from local_tier.worker.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -36,7 +39,6 @@ from local_tier.worker.state import WorkerState
 T = TypeVar("T")
 AnyRequest = Request[Any, Any, Any]
 _encode = msgspec.json.Encoder().encode
-_FIELD = re.compile(r"at `\$\.(\w+)")  # msgspec names the path: "... - at `$.temperature`"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -47,17 +49,6 @@ class ClientDisconnectedError(Exception):
 def _state(request: AnyRequest) -> WorkerState:
     state: WorkerState = request.app.state.worker
     return state
-
-
-def decode_body(body: bytes, kind: type[T]) -> T:
-    """Decode a JSON body; a malformed or invalid one is a 400 naming the field."""
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        found = _FIELD.search(str(exc))
-        raise InvalidRequestError(str(exc), param=found and found.group(1)) from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequestError(f"Invalid JSON body: {exc}") from exc
 
 
 def _json(payload: object, status: int = 200) -> Response[bytes]:
@@ -132,8 +123,8 @@ async def chat_completions(request: AnyRequest) -> Response[Any]:
     req = decode_body(body, ChatRequest)
     engine = state.engine_for(req.model)
     meta = serving.new_meta("chatcmpl", state.model_name)
-    generation = serving.chat_generation(engine, req, meta.id)
-    generation.priority = decode_body(body, serving.VllmExtensions).priority
+    extensions = vllm_extensions(body)
+    generation = serving.chat_generation(engine, req, meta.id, extensions)
     outputs = await until_disconnect(request, state.submit(engine, generation, started))
     if req.stream:
         chunks = serving.chat_chunks(outputs, meta, req.wants_usage_in_stream())
@@ -150,8 +141,8 @@ async def completions(request: AnyRequest) -> Response[Any]:
     req = decode_body(body, CompletionRequest)
     engine = state.engine_for(req.model)
     meta = serving.new_meta("cmpl", state.model_name)
-    generation = serving.completion_generation(engine, req, meta.id)
-    generation.priority = decode_body(body, serving.VllmExtensions).priority
+    extensions = vllm_extensions(body)
+    generation = serving.completion_generation(engine, req, meta.id, extensions)
     outputs = await until_disconnect(request, state.submit(engine, generation, started))
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -3,7 +3,8 @@ serving layer and the worker's HTTP layer can be tested without loading a model.
 
 Tokens are characters (``ord``); the chat template is ``<role>content\\n`` per message plus
 ``<assistant>``; every answer spells ``reply`` one character per step (``step_s`` apart),
-honouring ``max_tokens``, stop strings and the context limit like the real engine. Prefix
+honouring ``max_tokens``, stop strings and the context limit like the real engine, and
+rejecting bad values of vLLM's sampling extensions with the engine's own checks. Prefix
 caching is simulated per ``block_size`` so usage and metrics move.
 """
 
@@ -20,10 +21,12 @@ from local_tier.jax.api import (
     GenerationOutput,
     GenerationRequest,
 )
+from local_tier.jax.sampling import check_extensions
 
 
 class FakeTokenizer:
-    eos_token_ids = (0,)
+    eos_token_ids: tuple[int, ...] = (0,)
+    vocab_size = 0x110000  # every code point
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
@@ -95,6 +98,7 @@ class FakeEngine:
             raise EngineRequestError("prompt too long", "prompt", "context_length_exceeded")
         if not 0 <= req.params.temperature <= 2:
             raise EngineRequestError("temperature out of range", "temperature")
+        check_extensions(req.params, self.tokenizer.vocab_size)  # the engine's own checks
         if self._waiting >= self._max_waiting:
             raise EngineOverloadedError("queue full")
 
