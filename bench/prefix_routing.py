@@ -24,9 +24,14 @@ Two ways to run it, from the repository root::
     # and one with round_robin (both workers as `type: vllm` targets); print side by side
     .venv/bin/python -m bench.prefix_routing --spawn [--quick] [--json out.json]
 
+    # the same with two real vLLM servers (scripts/setup_vllm.sh first); on the CPU build a
+    # KV block is 128 tokens, and each server's engine gets a core of its own (--cpu-bind)
+    .venv/bin/python -m bench.prefix_routing --spawn --engine vllm --quick
+
 In ``--spawn`` mode both runs share the same two workers: a warm-up compiles their shapes
-first, and each run uses its own random salt in the system prompt, so no run is served from
-blocks another run left behind (the workers' LRU evicts those as needed).
+first (a single short turn per server for vLLM, which runs eager and compiles nothing), and
+each run uses its own random salt in the system prompt, so no run is served from blocks
+another run left behind (the workers' LRU evicts those as needed).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse
 
-from local_tier.vllm.process import WorkerProcess, free_port
+from local_tier.vllm.process import VllmProcess, VllmSettings, WorkerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
@@ -322,28 +327,48 @@ class Gateway:
                 self.proc.wait(timeout=10)
 
 
+def jax_worker(args: argparse.Namespace, index: int, tmp: Path) -> WorkerProcess:
+    """JAX worker ``index`` (``python -m local_tier.worker``) with the ``--spawn`` settings."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "local_tier.worker",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--max-model-len",
+        str(args.max_model_len),
+        "--max-batch-size",
+        str(args.batch),
+        "--kv-cache-tokens",
+        str(args.kv_tokens),
+    ]
+    return WorkerProcess(argv, port=port, log_path=tmp / f"worker{index}.log")
+
+
+def vllm_server(args: argparse.Namespace, index: int, tmp: Path) -> WorkerProcess:
+    """Real vLLM server ``index``; ``--cpu-bind spread`` pins its engine's threads to core
+    ``index`` (mod the core count): with ``auto`` the CPU build pins every engine to core 0
+    on a 2-core machine, so two servers would share one core and leave the other idle."""
+    env = {}
+    if args.cpu_bind == "spread":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
+    settings = VllmSettings(
+        port=free_port(), served_model_name=MODEL, max_model_len=args.max_model_len, extra_env=env
+    )
+    return VllmProcess(settings, log_path=tmp / f"vllm{index}.log")
+
+
 @contextlib.contextmanager
 def spawned_workers(args: argparse.Namespace, tmp: Path) -> Iterator[list[WorkerProcess]]:
+    """Two workers of ``args.engine``, started together, healthy, stopped on exit."""
+    make = vllm_server if args.engine == "vllm" else jax_worker
     workers: list[WorkerProcess] = []
     try:
         for index in range(2):
-            port = free_port()
-            argv = [
-                sys.executable,
-                "-m",
-                "local_tier.worker",
-                "--port",
-                str(port),
-                "--served-model-name",
-                MODEL,
-                "--max-model-len",
-                str(args.max_model_len),
-                "--max-batch-size",
-                str(args.batch),
-                "--kv-cache-tokens",
-                str(args.kv_tokens),
-            ]
-            workers.append(WorkerProcess(argv, port=port, log_path=tmp / f"worker{index}.log"))
+            workers.append(make(args, index, tmp))
             workers[-1].start()
         for worker in workers:
             worker.wait_healthy(timeout=900)
@@ -355,7 +380,8 @@ def spawned_workers(args: argparse.Namespace, tmp: Path) -> Iterator[list[Worker
 
 async def warm_up(workers: list[str], args: argparse.Namespace) -> None:
     """Compile the workers' shapes with a short workload sent straight to each worker."""
-    warm = argparse.Namespace(**{**vars(args), "users": 2, "turns": args.turns})
+    users, turns = (1, 1) if args.engine == "vllm" else (2, args.turns)
+    warm = argparse.Namespace(**{**vars(args), "users": users, "turns": turns})
     for url in workers:
         run = argparse.Namespace(**{**vars(warm), "gateway": url, "model": MODEL, "worker": []})
         await run_workload("warm-up", run, salt=random.randrange(10**9))
@@ -381,7 +407,7 @@ def spawn(args: argparse.Namespace) -> list[RunResult]:
         tmp = Path(tmp_name)
         urls = [w.base_url for w in workers]
         print(
-            f"[bench] workers healthy: {urls}; system prompt "
+            f"[bench] {args.engine} workers healthy: {urls}; system prompt "
             f"{prompt_tokens(urls[0], args)} tokens; warming up",
             file=sys.stderr,
         )
@@ -407,7 +433,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gateway", help="gateway base URL (without /v1)")
     ap.add_argument("--model", default="local", help="the model alias to call")
     ap.add_argument("--worker", action="append", default=[], help="a worker's base URL, repeat")
-    ap.add_argument("--spawn", action="store_true", help="start 2 JAX workers + 2 gateways")
+    ap.add_argument("--spawn", action="store_true", help="start 2 workers + 2 gateways")
+    ap.add_argument(
+        "--engine", choices=("jax", "vllm"), default="jax", help="--spawn: the workers' engine"
+    )
+    ap.add_argument(
+        "--cpu-bind",
+        choices=("spread", "auto"),
+        default="spread",
+        help="--engine vllm: one core per server's engine (spread) or vLLM's own choice",
+    )
     ap.add_argument("--strategies", default="prefix_aware,round_robin")
     ap.add_argument("--users", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4)
@@ -419,8 +454,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-seconds", type=float, default=300.0, help="per run")
     ap.add_argument("--grace-seconds", type=float, default=60.0)
     ap.add_argument("--max-model-len", type=int, default=2048, help="--spawn workers")
-    ap.add_argument("--batch", type=int, default=8, help="--spawn workers' max batch size")
-    ap.add_argument("--kv-tokens", type=int, default=32768, help="--spawn workers' KV pool")
+    ap.add_argument("--batch", type=int, default=8, help="--spawn JAX workers' max batch size")
+    ap.add_argument("--kv-tokens", type=int, default=32768, help="--spawn JAX workers' KV pool")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="8 users x 3 turns, 120 s per run")
     ap.add_argument("--json", type=Path, help="also write the figures here")

@@ -79,7 +79,9 @@ class VllmProviderConfig(ProviderBase, tag="vllm", tag_field="type", frozen=True
     engine: Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp", "jax"] = "vllm"
     local: bool = True
     saturation: SaturationConfig = SaturationConfig()
-    block_size: PositiveInt = 16  # the worker's KV block size, for prefix hashing
+    # The worker's KV block size in tokens, until its /metrics says (cache_config_info):
+    # prefix-aware routing counts a prompt's matched prefix in whole blocks of it.
+    block_size: PositiveInt = 16
     # The worker schedules by vLLM's ``priority`` field (``vllm serve --scheduling-policy
     # priority``, or ``switchyard worker jax``): batch items are sent at priority 1, so the
     # worker pauses them while interactive requests run. Off: vLLM refuses the field.

@@ -82,6 +82,11 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
 
 UNKNOWN = TargetHealth()
 
+# The size of the blocks prefix-aware routing hashes a prompt in (``routers.prefix``): 64
+# characters, about 16 tokens. A replica whose KV blocks are larger only reuses whole ones,
+# so the capacity monitor counts matched blocks in its granularity.
+PREFIX_BLOCK_CHARS = 64
+
 
 class HealthView(Protocol):
     """A consistent snapshot of every target's health, read once per routing decision."""

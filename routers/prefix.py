@@ -23,6 +23,7 @@ import json
 
 import msgspec
 
+from core.routing import PREFIX_BLOCK_CHARS
 from core.wire import ChatRequest, Message, TextPart, Tool
 
 # Separators that do not occur in ordinary text, so "ab" + "c" and "a" + "bc" differ.
@@ -30,7 +31,9 @@ _FIELD = "\x1f"
 _RECORD = "\x1e"
 
 
-def prefix_hashes(text: str, block_chars: int = 64, max_blocks: int = 256) -> tuple[int, ...]:
+def prefix_hashes(
+    text: str, block_chars: int = PREFIX_BLOCK_CHARS, max_blocks: int = 256
+) -> tuple[int, ...]:
     """Chained hashes of the full ``block_chars``-character blocks of ``text``, oldest first.
 
     At most ``max_blocks`` hashes (the leading ones): a prompt longer than that is hashed

@@ -24,6 +24,7 @@ from local_tier.capacity import (
     CapacityMonitor,
     ReplicaSpec,
     metrics_url,
+    whole_kv_blocks,
 )
 from local_tier.prefix_index import PrefixIndex
 from local_tier.vllm.metrics import parse_metrics, split_page, ttft_totals
@@ -318,8 +319,11 @@ async def test_restart_resets_baselines_and_forgets_prefixes(
     metrics.text = page(queries=1000, ttft=(100.0, 50.0))
     await monitor.poll_once()
     assert index.capacity("w") == KV_TOKENS * 4 // 64  # from cache_config_info
-    index.record("w", (1, 2, 3))
-    assert monitor.health("w", (1, 2, 9)).prefix_blocks == 2
+    index.record("w", tuple(range(1, 18)))
+    # 10 routing blocks (64 characters, ~16 tokens) match; the page's KV blocks are 128
+    # tokens (8 routing blocks), and the worker reuses whole ones only: 8 count.
+    assert monitor.health("w", (*range(1, 11), 99)).prefix_blocks == 8
+    assert monitor.health("w", (1, 2, 9)).prefix_blocks == 0  # less than one KV block
     assert monitor.health("w").prefix_blocks == 0
     metrics.text = page(queries=10, ttft=(1.0, 1.0))  # counters went back: a new process
     await monitor.poll_once()
@@ -433,3 +437,11 @@ async def test_a_local_replica_keeps_its_cut_penalty_in_the_routing_view(
     seen = trackers.view(RouteRequest(model="m", prompt_tokens=100)).health("w")
     assert seen.ttft_penalty > 1.0 and seen.ttft_floor_s == 1.5
     assert seen.running == monitor.health("w").running  # and the replica's own signals
+
+
+@pytest.mark.parametrize(
+    ("matched", "kv_block_tokens", "whole"),
+    [(0, 16, 0), (5, 16, 5), (7, 128, 0), (8, 128, 8), (17, 128, 16), (3, 8, 3), (9, 32, 8)],
+)
+def test_prefix_matches_count_in_whole_kv_blocks(matched: int, kv_block_tokens: int, whole: int):
+    assert whole_kv_blocks(matched, kv_block_tokens) == whole
