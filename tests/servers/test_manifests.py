@@ -278,19 +278,29 @@ def test_files_the_gateway_writes_are_on_writable_volumes(folder):
 # ------------------------------------------------------------------------------- the workers
 @each_kustomization
 def test_every_worker_the_policy_names_is_a_pod_of_a_headless_service(folder):
-    """``http://<statefulset>-<i>.<service>:<port>/v1``: the StatefulSet has that pod, its
-    Service is headless and selects it, and the worker listens on that port."""
+    """``http://<statefulset>-<i>.<service>:<port>/v1`` (one pod) or, with ``discovery``,
+    ``http://<service>:<port>/v1`` (every ready pod): the StatefulSet has that pod (or is
+    the Service's), its Service is headless and selects it, and the worker listens on that
+    port."""
     objects = render(folder)
     workers = {n: p for n, p in policy(objects)["providers"].items() if p["type"] == "vllm"}
     assert workers
     for name, provider in workers.items():
         url = urlsplit(provider["base_url"])
         assert url.path == "/v1", name
-        pod, service_name = url.hostname.split(".")  # type: ignore[union-attr]
-        owner, _, index = pod.rpartition("-")
-        statefulset = find(objects, "StatefulSet", owner)
-        assert statefulset["spec"]["serviceName"] == service_name
-        assert int(index) < statefulset["spec"]["replicas"], f"{name}: no pod {pod}"
+        if "discovery" in provider:
+            service_name = url.hostname
+            statefulset = next(
+                o
+                for o in objects
+                if o["kind"] == "StatefulSet" and o["spec"]["serviceName"] == service_name
+            )
+        else:
+            pod, service_name = url.hostname.split(".")  # type: ignore[union-attr]
+            owner, _, index = pod.rpartition("-")
+            statefulset = find(objects, "StatefulSet", owner)
+            assert statefulset["spec"]["serviceName"] == service_name
+            assert int(index) < statefulset["spec"]["replicas"], f"{name}: no pod {pod}"
         service = find(objects, "Service", service_name)["spec"]
         assert service["clusterIP"] == "None", f"{service_name} is not headless"
         assert service["selector"].items() <= pod_labels(statefulset).items()
@@ -352,7 +362,12 @@ def test_vllm_uses_as_many_gpus_as_its_tensor_parallel_size(folder, gpus):
     assert volume["emptyDir"]["medium"] == "Memory"
     served = flag(vllm["args"], "--served-model-name")
     targets = [t for m in policy(objects)["models"].values() for t in m["targets"]]
-    assert {t["model"] for t in targets if t["provider"] == "vllm-0"} == {served}
+    assert {t["model"] for t in targets if t["provider"] == "vllm"} == {served}
+    provider = policy(objects)["providers"]["vllm"]  # every ready pod, by DNS discovery
+    assert "discovery" in provider
+    service = find(objects, "Service", "switchyard-vllm")
+    assert service["spec"]["clusterIP"] == "None"  # headless: one record per ready pod
+    assert provider["base_url"].startswith(f"http://{service['metadata']['name']}:")
 
 
 def test_no_device_outside_its_overlay():
