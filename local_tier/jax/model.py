@@ -11,7 +11,11 @@ Layout choices, each measured on XLA:CPU (see docs/local_tier_jax.md):
   model uses split-half RoPE; the reference forward (``reference.py``) instead keeps the file's
   order with interleaved RoPE, which cross-checks the un-permutation.
 - The embedding is stored once, transposed ``(d_model, vocab)``: the logits are ``h @ E^T``
-  without XLA copying a transpose every step, and the lookup gathers columns.
+  without XLA copying a transpose every step, and the lookup gathers columns. A model with
+  its own output matrix (untied) keeps the input embedding as rows ``(vocab, d_model)``.
+- Optional parts (Q/K/V and output-projection biases) are ``None`` when the model has none,
+  so the compiled step of a model without them has no bias adds at all. RoPE frequencies
+  (with any scaling) are computed once at load (``rope.py``).
 - QKV and gate/up are fused into one matrix each (fewer, larger matmuls).
 - Weights may be bf16; activations and accumulation stay fp32 (``preferred_element_type``).
 - The cache is one array per K and V, ``(n_layers * n_blocks, kv_heads, block_size,
@@ -31,7 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from local_tier.jax.gguf_loader import GGUFModel, HParams
+from local_tier.jax.gguf_loader import HParams, ModelTensors
+from local_tier.jax.rope import inv_frequencies
 
 F32 = jnp.float32
 NEG = float(np.finfo(np.float32).min)  # masked score: exp() underflows to 0, no inf - inf
@@ -47,6 +52,8 @@ class LayerWeights(NamedTuple):
     w_o: Arr  # (H * hd, d_model)
     w_gu: Arr  # (d_model, 2 * d_ff)
     w_down: Arr  # (d_ff, d_model)
+    b_qkv: Arr | None = None  # ((H + 2 * Hkv) * hd,) fp32, Qwen2 and attention_bias models
+    b_o: Arr | None = None  # (d_model,) fp32, attention_bias models
 
 
 class Weights(NamedTuple):
@@ -56,9 +63,11 @@ class Weights(NamedTuple):
     parameter made XLA:CPU copy the slice before every matmul (10x slower decode).
     """
 
-    emb_t: Arr  # (d_model, vocab)
+    emb_t: Arr  # (d_model, vocab): the output projection, and the lookup when tied
     out_norm: Arr  # (d_model,) fp32
     layers: tuple[LayerWeights, ...]
+    rope_inv: Arr  # (head_dim // 2,) fp32 inverse frequencies
+    emb_in: Arr | None = None  # (vocab, d_model) input embedding of an untied model
 
 
 class StepInputs(NamedTuple):
@@ -83,14 +92,28 @@ class ModelSpec:
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's per-head row interleave of Q/K (out, in): interleaved -> split-half."""
-    out, inp = w.shape
-    hd = out // n_heads
-    return w.reshape(n_heads, hd // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+    """Undo llama.cpp's per-head row interleave of Q/K rows (out, ...) or a bias (out,):
+    interleaved -> split-half."""
+    hd = w.shape[0] // n_heads
+    return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def pack_weights(model: GGUFModel, dtype: Any) -> Weights:
-    """Arrange the file's tensors into ``Weights`` (numpy, on the host)."""
+def _qkv_bias(t: dict[str, np.ndarray], i: int, hp: HParams) -> np.ndarray | None:
+    """The fused Q/K/V bias (Q/K un-permuted), zeros for a part without one; None if none."""
+    names = ("attn_q", "attn_k", "attn_v")
+    if not any(f"blk.{i}.{n}.bias" in t for n in names):
+        return None
+    sizes = (hp.n_heads, hp.n_kv_heads, hp.n_kv_heads)
+    parts = [
+        t.get(f"blk.{i}.{n}.bias", np.zeros(h * hp.head_dim, np.float32)).astype(np.float32)
+        for n, h in zip(names, sizes, strict=True)
+    ]
+    parts[0], parts[1] = unpermute_qk(parts[0], hp.n_heads), unpermute_qk(parts[1], hp.n_kv_heads)
+    return np.concatenate(parts)
+
+
+def pack_weights(model: ModelTensors, dtype: Any) -> Weights:
+    """Arrange the model's tensors into ``Weights`` (numpy, on the host)."""
     hp, t = model.hparams, model.tensors
 
     def layer(i: int, name: str) -> np.ndarray:
@@ -101,6 +124,7 @@ def pack_weights(model: GGUFModel, dtype: Any) -> Weights:
         k = unpermute_qk(layer(i, "attn_k"), hp.n_kv_heads)
         qkv = np.concatenate([q, k, layer(i, "attn_v")], axis=0).T
         gu = np.concatenate([layer(i, "ffn_gate"), layer(i, "ffn_up")], axis=0).T
+        b_o = t.get(f"blk.{i}.attn_output.bias")
         return LayerWeights(
             attn_norm=layer(i, "attn_norm").astype(np.float32),
             ffn_norm=layer(i, "ffn_norm").astype(np.float32),
@@ -108,13 +132,17 @@ def pack_weights(model: GGUFModel, dtype: Any) -> Weights:
             w_o=np.ascontiguousarray(layer(i, "attn_output").T).astype(dtype),
             w_gu=np.ascontiguousarray(gu).astype(dtype),
             w_down=np.ascontiguousarray(layer(i, "ffn_down").T).astype(dtype),
+            b_qkv=_qkv_bias(t, i, hp),
+            b_o=None if b_o is None else b_o.astype(np.float32),
         )
 
-    emb = t.get("output.weight", t["token_embd.weight"])  # tied unless the file has its own
+    emb, out = t["token_embd.weight"], t.get("output.weight")  # tied unless it has its own
     return Weights(
-        emb_t=np.ascontiguousarray(emb.T).astype(dtype),
+        emb_t=np.ascontiguousarray((emb if out is None else out).T).astype(dtype),
         out_norm=t["output_norm.weight"].astype(np.float32),
         layers=tuple(block(i) for i in range(hp.n_layers)),
+        rope_inv=inv_frequencies(hp, t.get("rope_freqs.weight")),
+        emb_in=None if out is None else np.ascontiguousarray(emb).astype(dtype),
     )
 
 
@@ -126,10 +154,9 @@ def _rms(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x: jax.Array, pos: jax.Array, base: float) -> jax.Array:
-    """Split-half RoPE on (B, T, heads, hd) at positions (B, T)."""
+def _rope(x: jax.Array, pos: jax.Array, inv: jax.Array) -> jax.Array:
+    """Split-half RoPE on (B, T, heads, hd) at positions (B, T), frequencies ``inv``."""
     half = x.shape[-1] // 2
-    inv = base ** (-jnp.arange(half, dtype=F32) / half)
     ang = pos.astype(F32)[..., None, None] * inv  # (B, T, 1, half)
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     x1, x2 = x[..., :half], x[..., half:]
@@ -215,6 +242,7 @@ def _gather_context(spec: ModelSpec, cache: jax.Array, blocks: jax.Array, layer:
 def _layer(
     spec: ModelSpec,
     w: LayerWeights,
+    rope_inv: jax.Array,
     i: int,
     x: jax.Array,
     inp: StepInputs,
@@ -226,18 +254,21 @@ def _layer(
     nh, nkv, hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
     h = _rms(x, w.attn_norm, hp.rms_eps)
     qkv = _dot(h, w.w_qkv)
+    if w.b_qkv is not None:
+        qkv = qkv + w.b_qkv
     q = qkv[..., : nh * hd].reshape(b, t, nh, hd)
     k = qkv[..., nh * hd : (nh + nkv) * hd].reshape(b, t, nkv, hd)
     v = qkv[..., (nh + nkv) * hd :].reshape(b, t, nkv, hd)
-    q = _rope(q, inp.positions, hp.rope_base).reshape(b, t, nkv, nh // nkv, hd)
-    k = _rope(k, inp.positions, hp.rope_base)
+    q = _rope(q, inp.positions, rope_inv).reshape(b, t, nkv, nh // nkv, hd)
+    k = _rope(k, inp.positions, rope_inv)
     # New K/V rounded to the cache dtype before use, so a token attends to identical keys
     # whether they come from this step or, later, from the cache.
     k_c, v_c = k.astype(_logical(k_cache)), v.astype(_logical(v_cache))
     k_ctx = _gather_context(spec, k_cache, inp.ctx_blocks, i)
     v_ctx = _gather_context(spec, v_cache, inp.ctx_blocks, i)
     o = _attention(q, k_ctx, v_ctx, k_c.swapaxes(1, 2), v_c.swapaxes(1, 2), inp)
-    x = x + _dot(o, w.w_o)
+    attn = _dot(o, w.w_o)
+    x = x + (attn if w.b_o is None else attn + w.b_o)
     h = _rms(x, w.ffn_norm, hp.rms_eps)
     gu = _dot(h, w.w_gu)
     gate, up = gu[..., : hp.d_ff], gu[..., hp.d_ff :]
@@ -257,10 +288,14 @@ def forward(
     and the caches with the step's K/V written at ``write_blocks``/``write_offsets``."""
     hp = spec.hp
     b, t = inp.tokens.shape
-    x = jnp.take(w.emb_t, inp.tokens.reshape(-1), axis=1).T.astype(F32).reshape(b, t, -1)
+    ids = inp.tokens.reshape(-1)
+    if w.emb_in is None:
+        x = jnp.take(w.emb_t, ids, axis=1).T.astype(F32).reshape(b, t, -1)
+    else:
+        x = jnp.take(w.emb_in, ids, axis=0).astype(F32).reshape(b, t, -1)
     new_k, new_v = [], []
     for i in range(hp.n_layers):
-        x, k, v = _layer(spec, w.layers[i], i, x, inp, k_cache, v_cache)
+        x, k, v = _layer(spec, w.layers[i], w.rope_inv, i, x, inp, k_cache, v_cache)
         new_k.append(k)
         new_v.append(v)
     last = jnp.take_along_axis(x, logit_index[:, None, None], axis=1)[:, 0]

@@ -3,16 +3,18 @@
 It is written independently of ``model.py`` on purpose: it uses the GGUF tensors exactly as
 stored (Q and K in llama.cpp's permuted order) with interleaved RoPE (rotating pairs
 ``(2i, 2i+1)``), separate Q/K/V and gate/up matrices, the untransposed embedding, and full
-causal attention recomputed from scratch. Agreement with ``model.py`` (split-half RoPE on
-un-permuted weights, paged cache) therefore checks the un-permutation, the cache and the
-bucketing at once.
+causal attention recomputed from scratch, and separate biases where the model has them.
+Agreement with ``model.py`` (split-half RoPE on un-permuted weights, fused biases, paged
+cache) therefore checks the un-permutation, the cache and the bucketing at once. Only the RoPE
+frequencies are shared (``rope.py``, checked on its own against Hugging Face's rules).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from local_tier.jax.gguf_loader import GGUFModel
+from local_tier.jax.gguf_loader import ModelTensors
+from local_tier.jax.rope import inv_frequencies
 
 
 def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -20,10 +22,9 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-def _rope_interleaved(x: np.ndarray, base: float) -> np.ndarray:
-    """x: (T, heads, hd) at positions 0..T-1; rotates pairs (2i, 2i+1) by pos * base^(-2i/hd)."""
-    t, _, hd = x.shape
-    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+def _rope_interleaved(x: np.ndarray, inv: np.ndarray) -> np.ndarray:
+    """x: (T, heads, hd) at positions 0..T-1; rotates pairs (2i, 2i+1) by pos * inv[i]."""
+    t = x.shape[0]
     ang = np.arange(t, dtype=np.float64)[:, None] * inv[None, :]  # (T, hd/2)
     cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
@@ -33,9 +34,18 @@ def _rope_interleaved(x: np.ndarray, base: float) -> np.ndarray:
     return out
 
 
-def reference_logits(model: GGUFModel, tokens: list[int]) -> np.ndarray:
-    """Logits (T, vocab) for every position of ``tokens``, computed in float64 for accuracy."""
+def _proj(h: np.ndarray, t: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """``h @ W^T (+ b)`` for tensor ``name`` (``blk.i.attn_q``), bias only if the model has one."""
+    out = h @ t[f"{name}.weight"].astype(np.float64).T
+    bias = t.get(f"{name}.bias")
+    return out if bias is None else out + bias.astype(np.float64)
+
+
+def reference_logits(model: ModelTensors, tokens: list[int]) -> np.ndarray:
+    """Logits (T, vocab) for every position of ``tokens``, computed in float64 for accuracy.
+    ``model`` is a ``GGUFModel`` or an ``HFModel`` (tensors in GGUF naming and order)."""
     hp, t = model.hparams, model.tensors
+    inv = inv_frequencies(hp, t.get("rope_freqs.weight")).astype(np.float64)
     nh, nkv, hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
     emb = t["token_embd.weight"].astype(np.float64)  # (vocab, d_model)
     x = emb[np.asarray(tokens)]
@@ -47,9 +57,9 @@ def reference_logits(model: GGUFModel, tokens: list[int]) -> np.ndarray:
             return t[f"blk.{i}.{name}.weight"].astype(np.float64)
 
         h = _rms(x, w("attn_norm"), hp.rms_eps)
-        q = _rope_interleaved((h @ w("attn_q").T).reshape(n, nh, hd), hp.rope_base)
-        k = _rope_interleaved((h @ w("attn_k").T).reshape(n, nkv, hd), hp.rope_base)
-        v = (h @ w("attn_v").T).reshape(n, nkv, hd)
+        q = _rope_interleaved(_proj(h, t, f"blk.{i}.attn_q").reshape(n, nh, hd), inv)
+        k = _rope_interleaved(_proj(h, t, f"blk.{i}.attn_k").reshape(n, nkv, hd), inv)
+        v = _proj(h, t, f"blk.{i}.attn_v").reshape(n, nkv, hd)
         heads = []
         for head in range(nh):
             kv = head // (nh // nkv)  # GQA: consecutive query heads share one KV head
@@ -58,7 +68,7 @@ def reference_logits(model: GGUFModel, tokens: list[int]) -> np.ndarray:
             p = np.exp(s - s.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             heads.append(p @ v[:, kv])
-        x = x + np.concatenate(heads, axis=-1) @ w("attn_output").T
+        x = x + _proj(np.concatenate(heads, axis=-1), t, f"blk.{i}.attn_output")
         h = _rms(x, w("ffn_norm"), hp.rms_eps)
         gate, up = h @ w("ffn_gate").T, h @ w("ffn_up").T
         x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w("ffn_down").T

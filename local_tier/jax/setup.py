@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from local_tier.jax import backend
 from local_tier.jax import model as M
 from local_tier.jax.api import EngineConfig, EngineRequestError, ProgressFn
 from local_tier.jax.buckets import Buckets
-from local_tier.jax.gguf_loader import load_gguf
+from local_tier.jax.gguf_loader import GGUFModel, HParams, load_gguf
+from local_tier.jax.hf_loader import HFModel, is_hf_folder, load_hf
+from local_tier.jax.hf_tokenizer import HFTokenizer
 from local_tier.jax.kv_cache import BlockPool
 from local_tier.jax.runner import Runner, device_dtype
 from local_tier.jax.scheduler import Scheduler
@@ -44,8 +47,8 @@ def check_config(c: EngineConfig) -> None:
 
 
 def model_name_for(path: str, fallback: str) -> str:
-    """``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``."""
-    stem = re.sub(r"\.gguf$", "", path.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    """``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``; a folder's name."""
+    stem = re.sub(r"\.gguf$", "", Path(path).name, flags=re.IGNORECASE)
     stem = re.sub(r"[.-](Q\d\w*|F16|F32|BF16|IQ\w+)$", "", stem, flags=re.IGNORECASE)
     return stem or fallback
 
@@ -77,28 +80,49 @@ def make_buckets(config: EngineConfig, max_len: int, platform: str) -> Buckets:
     return buckets
 
 
+def load_model(path: str | None) -> tuple[GGUFModel | HFModel, Tokenizer]:
+    """A folder is a Hugging Face model (``hf_loader``); a file, or None, a GGUF model."""
+    if path is not None and is_hf_folder(path):
+        hf = load_hf(path)
+        return hf, HFTokenizer(hf.tokenizer)
+    gguf = load_gguf(path)
+    return gguf, Tokenizer(gguf.tokenizer)
+
+
+def max_model_len(config: EngineConfig, hp: HParams, progress: ProgressFn) -> int:
+    """The configured length, capped by the model's context and by its attention window: a
+    sliding-window model (Mistral) attends to every earlier token while sequences stay within
+    the window, so capping keeps full attention exact without a windowed mask."""
+    max_len = min(config.max_model_len, hp.context_length)
+    if hp.sliding_window is not None and hp.sliding_window < max_len:
+        progress(
+            f"max_model_len capped from {max_len} to the model's sliding window "
+            f"{hp.sliding_window} (windowed attention is not implemented)"
+        )
+        max_len = hp.sliding_window
+    return max_len
+
+
 def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
     check_config(config)
     t0 = time.perf_counter()
     device = backend.select_device(config.backend)
     cache_dir = backend.enable_compile_cache(config.compile_cache_dir)
     progress(f"JAX device: {device.platform} ({device}); compile cache: {cache_dir or 'off'}")
-    gguf = load_gguf(config.model_path)
-    progress(
-        f"read {gguf.path.name} ({gguf.hparams.n_layers} layers) in {time.perf_counter() - t0:.1f}s"
-    )
-    tokenizer = Tokenizer(gguf.tokenizer)
-    max_len = min(config.max_model_len, gguf.hparams.context_length)
+    model, tokenizer = load_model(config.model_path)
+    hp = model.hparams
+    progress(f"read {model.path.name} ({hp.n_layers} layers) in {time.perf_counter() - t0:.1f}s")
+    max_len = max_model_len(config, hp, progress)
     bs = config.block_size
     num_blocks = config.kv_cache_tokens // bs
-    spec = M.ModelSpec(gguf.hparams, num_blocks + 1, bs)  # + block 0: scratch
+    spec = M.ModelSpec(hp, num_blocks + 1, bs)  # + block 0: scratch
     buckets = make_buckets(config, max_len, device.platform)
-    weights = M.pack_weights(gguf, device_dtype(config.dtype))
+    weights = M.pack_weights(model, device_dtype(config.dtype))
     pre_dtype = prefill_dtype(config, device.platform)
-    pre = None if pre_dtype == config.dtype else M.pack_weights(gguf, device_dtype(pre_dtype))
+    pre = None if pre_dtype == config.dtype else M.pack_weights(model, device_dtype(pre_dtype))
     kv_dtype = device_dtype(config.kv_dtype or config.dtype)
     runner = Runner(spec, weights, kv_dtype, buckets, device, pre, report=progress)
-    del weights, pre, gguf
+    del weights, pre, model
     scheduler = Scheduler(
         BlockPool(num_blocks, bs), buckets, config.max_batch_size, config.prefill_chunk_tokens
     )

@@ -30,7 +30,11 @@ WORKER_MAX_BATCH = 32
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchyard worker jax", description=__doc__)
-    p.add_argument("--model", default=None, help="GGUF file (default: bundled SmolLM2-135M)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="GGUF file or Hugging Face model folder (default: bundled SmolLM2-135M)",
+    )
     p.add_argument("--served-model-name", default=_DEFAULTS.served_model_name)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
