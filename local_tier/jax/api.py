@@ -125,6 +125,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     # bf16 matmuls (faster there).
     prefill_dtype: Literal["float32", "bfloat16"] | None = None
     prefill_chunk_tokens: int = 512  # longest prefill piece run in one step
+    # ... for requests of priority above 0 (batch items): an interactive arrival waits for
+    # the step in progress, so theirs are kept short (within prefill_chunk_tokens)
+    background_prefill_tokens: int = 64
     model_name: str | None = None  # None = from model_path (file stem or folder name)
     warmup: bool = True  # compile the common shapes in ``start``
     # Padded shapes the step is compiled for (each costs one compile); empty = powers of two.

@@ -38,6 +38,7 @@ def check_config(c: EngineConfig) -> None:
         "block_size",
         "max_waiting",
         "prefill_chunk_tokens",
+        "background_prefill_tokens",
     )
     for name in positive:
         if getattr(c, name) < 1:
@@ -124,7 +125,11 @@ def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
     runner = Runner(spec, weights, kv_dtype, buckets, device, pre, report=progress)
     del weights, pre, model
     scheduler = Scheduler(
-        BlockPool(num_blocks, bs), buckets, config.max_batch_size, config.prefill_chunk_tokens
+        BlockPool(num_blocks, bs),
+        buckets,
+        config.max_batch_size,
+        config.prefill_chunk_tokens,
+        background_prefill_budget=config.background_prefill_tokens,
     )
     name = config.model_name or model_name_for(
         config.model_path or "SmolLM2-135M-Instruct", "local-model"

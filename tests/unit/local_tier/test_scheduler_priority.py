@@ -147,3 +147,16 @@ def test_every_step_serves_only_the_best_priority_and_all_finish(
 
 def planned_seqs(plan: StepPlan) -> list[Sequence]:
     return plan.decode if plan.kind == "decode" else [i.seq for i in plan.prefill]
+
+
+def test_batch_prefill_steps_are_cut_to_the_background_budget() -> None:
+    buckets = Buckets.build(4, 64, 16, block_size=BS)
+    s = Scheduler(BlockPool(32, BS), buckets, 4, 16, background_prefill_budget=4)
+    batch = Sequence("batch", list(range(1, 13)), max_tokens=2, priority=1)
+    s.add(batch)
+    plan = step(s)
+    assert [i.length for i in plan.prefill] == [4]  # 12 prompt tokens, 4 per step
+    chat = Sequence("chat", list(range(101, 113)), max_tokens=2)
+    s.add(chat)
+    plan = step(s)
+    assert [(i.seq.request_id, i.length) for i in plan.prefill] == [("chat", 12)]  # in one
