@@ -32,6 +32,7 @@ from local_tier.jax import (
     SamplingParams,
     render_chat_prompt,
 )
+from local_tier.jax.setup import kv_dtype_for
 
 _counter = iter(range(10**9))
 
@@ -144,7 +145,7 @@ async def main(args: argparse.Namespace) -> None:
     await engine.start()
     print(
         f"ready in {time.perf_counter() - t0:.1f}s on {engine.device.platform}; "
-        f"weights {args.dtype}, KV {config.kv_dtype or args.dtype}",
+        f"weights {args.dtype}, KV {config.kv_dtype or kv_dtype_for(args.dtype)}",
         flush=True,
     )
     print(f"greedy answer: {await sanity(engine)!r}", flush=True)
@@ -155,7 +156,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu", "tpu"])
     p.add_argument("--batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--max-tokens", default=64, type=int)

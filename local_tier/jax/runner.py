@@ -80,7 +80,8 @@ class Runner:
 
     @property
     def decode_weight_bytes(self) -> int:
-        """Bytes of the weights a decode step multiplies with (every array read once)."""
+        """Bytes of the weights a decode step multiplies with (every array read once; int8
+        matrices count their int8 bytes plus their fp32 scales)."""
         return sum(int(a.size) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(self.weights))
 
     def prepare(self, plan: StepPlan) -> Batch:
@@ -171,5 +172,6 @@ def _zeros(b: int, t: int, nb: int) -> dict[str, np.ndarray]:
 
 
 def device_dtype(name: str) -> Any:
-    """``"float32"`` / ``"bfloat16"`` -> the jnp dtype."""
-    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+    """``"float32"`` / ``"bfloat16"`` / ``"int8"`` (quantized weights, ``quant.py``) -> the jnp
+    dtype."""
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int8": jnp.int8}[name]

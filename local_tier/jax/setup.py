@@ -64,10 +64,16 @@ def prefill_dtype(config: EngineConfig, platform: str) -> str:
     return config.dtype
 
 
+def kv_dtype_for(weights_dtype: str) -> str:
+    """The default KV cache dtype: the weights' own, bf16 for int8 weights."""
+    return "bfloat16" if weights_dtype == "int8" else weights_dtype
+
+
 def make_buckets(config: EngineConfig, max_len: int, platform: str) -> Buckets:
     """The compiled shapes for this config (see ``buckets.py``)."""
     # bf16 matmuls with a single row take a slow path on XLA:CPU: decode at least two rows.
-    min_batch = 2 if (config.dtype == "bfloat16" and platform == "cpu") else 1
+    # (int8 weights multiply in bf16 too, see quant.py)
+    min_batch = 2 if (config.dtype in ("bfloat16", "int8") and platform == "cpu") else 1
     buckets = Buckets.build(
         config.max_batch_size, max_len, config.prefill_chunk_tokens, min_batch, config.block_size
     ).override(
@@ -121,7 +127,7 @@ def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
     weights = M.pack_weights(model, device_dtype(config.dtype))
     pre_dtype = prefill_dtype(config, device.platform)
     pre = None if pre_dtype == config.dtype else M.pack_weights(model, device_dtype(pre_dtype))
-    kv_dtype = device_dtype(config.kv_dtype or config.dtype)
+    kv_dtype = device_dtype(config.kv_dtype or kv_dtype_for(config.dtype))
     runner = Runner(spec, weights, kv_dtype, buckets, device, pre, report=progress)
     del weights, pre, model
     scheduler = Scheduler(

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=_DEFAULTS.served_model_name)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=WORKER_DTYPE)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8"], default=WORKER_DTYPE)
     p.add_argument("--backend", choices=["auto", "cpu", "gpu", "tpu"], default=_DEFAULTS.backend)
     p.add_argument(
         "--max-batch-size",
