@@ -33,10 +33,7 @@ class Slo:
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     closest to the objective first (smallest ratio of tail prediction to objective: with
-    only a TTFT objective, the quickest to start however slowly it then generates), those
-    whose median prediction meets it before unmeasured ones, unmeasured ones before those
-    whose median misses: at start-up a measured premium target with its tail just over 800
-    ms was ranked after unmeasured ones (1.1 s and 1.8 s medians) and the request missed.
+    only a TTFT objective, the quickest to start however slowly it then generates).
     Unmeasured targets get measured (one possibly slow answer, after which their estimate
     decides): for a request without an objective of its own (the default one), the
     cheapest idle unmeasured target counts as feasible; a request with its own objective
@@ -82,15 +79,12 @@ class Slo:
         missing = [t for t in candidates if over[t.label] > 1.0]
         position = {t.label: i for i, t in enumerate(candidates)}
 
-        def closest(t: Target) -> tuple[int, float, float]:
-            # Unmeasured targets rank after the measured ones predicted to start in time
-            # more often than not (median within the objective, tail not), before the
-            # others; for a request's own objective in the configured order (nothing
-            # known: the operator's order, as priority's), else the cheapest first.
-            if over[t.label] == _BUSY_UNMEASURED:
-                return 1, 0.0, position[t.label] if own else _cost_or_inf(goal, t)
-            likely = _overshoot(goal, healths[t.label], 0.0) <= 1.0
-            return 0 if likely else 2, over[t.label], _cost_or_inf(goal, t)
+        def closest(t: Target) -> tuple[float, float]:
+            # Ties: the cheapest; unmeasured targets for a request's own objective in the
+            # configured order (nothing known: the operator's order, as priority's).
+            if own and over[t.label] == _BUSY_UNMEASURED:
+                return over[t.label], position[t.label]
+            return over[t.label], _cost_or_inf(goal, t)
 
         missing.sort(key=closest)
         ranked = [
