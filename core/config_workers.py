@@ -72,6 +72,10 @@ class WorkerConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
       appended; relative to the policy file's folder); none: discarded.
     - ``start_timeout_s``: how long a process may take to answer ``/health`` with 200 (a
       vLLM loading a large model: minutes); after it, it counts as failed and is restarted.
+    - ``health_interval_s``, ``unhealthy_after``: once ready, ``/health`` is asked every
+      ``health_interval_s``; a process whose ``/health`` fails (not 200, or no answer in
+      that interval) ``unhealthy_after`` times in a row counts as failed (a hung engine does
+      not exit): its group is stopped and it is restarted.
     - ``backoff``: the restart schedule (``RestartBackoff``).
     - ``drain_timeout_s``: how long a process that is being stopped may keep requests
       running or waiting (its ``/metrics``) after it left the routing table.
@@ -98,6 +102,8 @@ class WorkerConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
     env: dict[str, str] = {}
     log_dir: str | None = None
     start_timeout_s: PositiveFloat = 600.0
+    health_interval_s: PositiveFloat = 5.0
+    unhealthy_after: PositiveInt = 3
     backoff: RestartBackoff = RestartBackoff()
     drain_timeout_s: PositiveFloat = 60.0
     stop_timeout_s: PositiveFloat = 15.0

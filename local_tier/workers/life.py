@@ -9,6 +9,7 @@ SIGTERM, and SIGKILL after ``stop_timeout_s``.
 
 Log events (structlog, ``switchyard``): ``worker.starting``, ``worker.ready``,
 ``worker.crashed`` (warning: exit code, reason ``exited`` / ``start_timeout`` /
+``unhealthy`` (ready, then ``/health`` failed ``unhealthy_after`` times in a row) /
 ``launch_failed``), ``worker.restarting`` (the backoff), ``worker.draining``,
 ``worker.drain_timeout`` (warning), ``worker.stopped``.
 """
@@ -34,7 +35,7 @@ from local_tier.workers.process import ManagedProcess, healthy, idle
 from local_tier.workers.replicas import worker_address
 
 _log = structlog.get_logger("switchyard")
-Outcome = Literal["healthy", "exited", "start_timeout", "stopping"]
+Outcome = Literal["healthy", "exited", "start_timeout", "unhealthy", "stopping"]
 
 
 class Host(Protocol):
@@ -103,7 +104,7 @@ async def live(replica: Replica, host: Host) -> None:
                 outcome = await _until_healthy(replica, host)
                 if outcome == "healthy":
                     await _serve(replica, host)
-                    outcome = await _until_exit(replica, host)
+                    outcome = await _until_exit_or_sick(replica, host)
             if outcome == "stopping":
                 break
             await _failed(replica, host, outcome if replica.process else "launch_failed")
@@ -186,12 +187,23 @@ async def _serve(replica: Replica, host: Host) -> None:
     await host.routing_changed()
 
 
-async def _until_exit(replica: Replica, host: Host) -> Outcome:
+async def _until_exit_or_sick(replica: Replica, host: Host) -> Outcome:
+    """Watch a ready process: "exited", "stopping", or "unhealthy" once its ``/health``
+    failed ``unhealthy_after`` checks in a row (one every ``health_interval_s``)."""
     process = replica.process
     assert process is not None
+    config, failures = replica.config, 0
+    next_check = host.clock.now() + config.health_interval_s
     while process.exit_code() is None:
         if await _stop_wait(replica, host.poll_s):
             return "stopping"
+        if host.clock.now() < next_check:
+            continue
+        ok = await healthy(host.client, process.base_url, timeout_s=config.health_interval_s)
+        failures = 0 if ok else failures + 1
+        if failures >= config.unhealthy_after and process.exit_code() is None:
+            return "unhealthy"
+        next_check = host.clock.now() + config.health_interval_s
     return "exited"
 
 

@@ -133,6 +133,28 @@ async def test_a_killed_worker_leaves_routing_and_comes_back_after_its_backoff(
     assert f"pid={after['pid']}" in await ask(after["address"])
 
 
+async def test_a_worker_whose_health_fails_is_stopped_and_restarted(
+    supervised: tuple[Supervisor, Routing],
+) -> None:
+    """A ready process that stops answering /health 200 (a hung engine that does not exit)
+    is given up on after ``unhealthy_after`` checks in a row, its group stopped, and a new
+    one started."""
+    supervisor, _ = supervised
+    supervisor.configure({"a": entry("a", health_interval_s=0.1, unhealthy_after=3)})
+    await supervisor.start()
+    await until(ready(supervisor, "a"))
+    before = rows(supervisor)["a"]
+    with capture_logs() as logs:
+        await ask(before["address"], "sick")
+        await until(lambda: rows(supervisor)["a"]["restarts"] == 1)
+        await until(ready(supervisor, "a"))
+    after = rows(supervisor)["a"]
+    assert after["pid"] != before["pid"] and group_gone(before["pid"])
+    crashed = [e for e in logs if e["event"] == "worker.crashed"]
+    assert [e["reason"] for e in crashed] == ["unhealthy"]
+    assert "worker=a" in await ask(after["address"])  # the new process is healthy
+
+
 async def test_a_worker_that_exits_on_a_request_is_restarted(
     supervised: tuple[Supervisor, Routing],
 ) -> None:
