@@ -53,9 +53,9 @@ import msgspec
 from core.clock import Clock
 from core.config import VllmProviderConfig
 from core.config_routing import SaturationConfig
-from core.routing import PREFIX_BLOCK_CHARS, UNKNOWN, TargetHealth
+from core.routing import UNKNOWN, TargetHealth
 from local_tier.engines import EngineKind, EngineMapping, mapping_for
-from local_tier.prefix_index import CHARS_PER_TOKEN, PrefixIndex
+from local_tier.prefix_index import PrefixIndex, whole_kv_blocks
 from local_tier.saturation import ReplicaSignals, SaturationRule, estimate
 from local_tier.vllm import metrics as vm
 from local_tier.vllm.metrics import split_page, ttft_totals
@@ -90,14 +90,6 @@ class ReplicaSpec:
     @classmethod
     def from_provider(cls, config: VllmProviderConfig, slots: int | None = None) -> ReplicaSpec:
         return cls(metrics_url(config), config.saturation, slots, config.engine, config.block_size)
-
-
-def whole_kv_blocks(router_blocks: int, kv_block_tokens: int) -> int:
-    """``router_blocks`` matched routing blocks (``PREFIX_BLOCK_CHARS`` characters each)
-    rounded down to whole KV blocks of ``kv_block_tokens``: a worker reuses only full blocks
-    (the CPU vLLM's are 128 tokens, so a shared 100-token prefix earns nothing there)."""
-    per_kv_block = max(1, round(kv_block_tokens * CHARS_PER_TOKEN / PREFIX_BLOCK_CHARS))
-    return router_blocks // per_kv_block * per_kv_block
 
 
 @dataclass

@@ -28,8 +28,17 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from core.clock import Clock
+from core.routing import PREFIX_BLOCK_CHARS
 
 CHARS_PER_TOKEN = 4.0  # the estimate routing uses elsewhere (RouteRequest.prompt_tokens)
+
+
+def whole_kv_blocks(router_blocks: int, kv_block_tokens: int) -> int:
+    """``router_blocks`` matched routing blocks (``PREFIX_BLOCK_CHARS`` characters each)
+    rounded down to whole KV blocks of ``kv_block_tokens``: a worker reuses only full blocks
+    (the CPU vLLM's are 128 tokens, so a shared 100-token prefix earns nothing there)."""
+    per_kv_block = max(1, round(kv_block_tokens * CHARS_PER_TOKEN / PREFIX_BLOCK_CHARS))
+    return router_blocks // per_kv_block * per_kv_block
 
 
 class PrefixIndex:

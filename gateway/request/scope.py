@@ -32,12 +32,7 @@ from gateway.http.errors import internal_error
 from gateway.process.health import TrackerObserver
 from gateway.process.runtime import Runtime
 from gateway.process.state import GatewayState
-from gateway.request.batch import (
-    BATCH_PRIORITY,
-    batch_caller,
-    batch_route,
-    no_room_for_batch,
-)
+from gateway.request.batch import BATCH_PRIORITY, batch_caller, batch_route, no_room_for_batch
 from gateway.request.routing_view import route_request, tenant_constraints
 from gateway.telemetry.hub import Telemetry
 from gateway.telemetry.record import RequestRecord

@@ -67,19 +67,6 @@ class HFTokenizer(Tokenizer):
         self.eos_token_ids = _eos_ids(self._hf, data.eos_token_ids, self.eos_token)
         self._template = compile_template(data.chat_template)
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str:
-        """Render ``messages`` with the folder's template and its special tokens."""
-        try:
-            return str(
-                self._template.render(
-                    messages=messages, add_generation_prompt=add_generation_prompt, **self._specials
-                )
-            )
-        except TemplateError as exc:
-            raise ValueError(f"chat template failed: {exc}") from exc
-
 
 def _eos_ids(hf: FastTokenizer, configured: tuple[int, ...], eos_token: str) -> tuple[int, ...]:
     ids = list(dict.fromkeys(configured))

@@ -39,6 +39,8 @@ class Tokenizer:
         self.eos_token_ids = _eos_ids(data)
         self.bos_token = data.tokens[data.bos_token_id] if data.bos_token_id is not None else ""
         self.eos_token = data.tokens[self.eos_token_ids[0]] if self.eos_token_ids else ""
+        # what the template sees besides the messages (a folder's tokenizer has more)
+        self._specials = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         self._template = _compile_template(data.chat_template)
 
     def encode(self, text: str) -> list[int]:
@@ -52,14 +54,12 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        """Render ``messages`` ({"role", "content": str}) with the model's jinja2 template."""
+        """Render ``messages`` ({"role", "content": str}) with the model's jinja2 template
+        and its special tokens."""
         try:
             return str(
                 self._template.render(
-                    messages=messages,
-                    add_generation_prompt=add_generation_prompt,
-                    bos_token=self.bos_token,
-                    eos_token=self.eos_token,
+                    messages=messages, add_generation_prompt=add_generation_prompt, **self._specials
                 )
             )
         except TemplateError as exc:

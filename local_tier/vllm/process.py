@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -199,7 +200,9 @@ class WorkerProcess:
                 self._proc = self._spawn(out.fileno())
         return self
 
-    def _spawn(self, out: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, out: int, **options: Any) -> subprocess.Popen[bytes]:
+        """Launch ``argv`` with its output to ``out``; ``options`` go to ``Popen`` (a
+        subclass adds a ``preexec_fn``)."""
         # A new session makes the server the leader of a process group that holds only it and
         # the engine processes it forks: stop() signals that group and nothing else.
         return subprocess.Popen(
@@ -209,6 +212,7 @@ class WorkerProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            **options,
         )
 
     def wait_healthy(self, timeout: float = 180.0) -> None:

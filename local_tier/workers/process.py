@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 
@@ -53,18 +55,12 @@ class ManagedProcess(WorkerProcess):
     Start it from the event loop's thread: the parent-death signal follows the thread
     that forked the child, not the process."""
 
-    def _spawn(self, out: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, out: int, **options: Any) -> subprocess.Popen[bytes]:
         parent = os.getpid()
-        return subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: ``stop`` signals only that
-            # Only a system call and os._exit run in the child before exec: none of the
-            # locks other threads may hold at fork time is needed there.
-            preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509
+        # Only a system call and os._exit run in the child before exec: none of the locks
+        # other threads may hold at fork time is needed there.
+        return super()._spawn(
+            out, preexec_fn=functools.partial(_die_with_parent, parent), **options
         )
 
     def exit_code(self) -> int | None:

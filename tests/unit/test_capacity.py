@@ -24,9 +24,8 @@ from local_tier.capacity import (
     CapacityMonitor,
     ReplicaSpec,
     metrics_url,
-    whole_kv_blocks,
 )
-from local_tier.prefix_index import PrefixIndex
+from local_tier.prefix_index import PrefixIndex, whole_kv_blocks
 from local_tier.vllm.metrics import parse_metrics, split_page, ttft_totals
 from policies.breaker import SharedBreakers
 from policies.latency import LatencyStats
