@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import jax.numpy as jnp
+import msgspec
 import numpy as np
 import pytest
 
 from local_tier.jax import (
     Engine,
-    EngineConfig,
     GenerationRequest,
     SamplingParams,
     render_chat_prompt,
@@ -25,25 +25,13 @@ from local_tier.jax import (
 from local_tier.jax import model as M
 from local_tier.jax.gguf_loader import load_gguf
 from local_tier.jax.tokenizer import Tokenizer
+from tests.integration.test_jax_engine import CONFIG
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 
 N_TOKENS = 16
 # Measured: tokens equal to bf16's before the first difference [16, 16, 16, 13, 14, 16].
 AGREE_TOKENS, AGREE_PROMPTS = 8, 5
-SMALL: dict[str, Any] = dict(
-    max_batch_size=4,
-    max_model_len=256,
-    kv_cache_tokens=512,
-    block_size=16,
-    prefill_chunk_tokens=32,
-    max_waiting=8,
-    warmup=False,
-    decode_batch_buckets=(2, 4),
-    prefill_row_buckets=(2,),
-    prefill_len_buckets=(32,),
-    context_buckets=(256,),
-)
 QUESTIONS = [
     "What is the capital of France?",
     "What is 2 + 2?",
@@ -65,7 +53,7 @@ def anyio_backend() -> str:
 
 
 async def greedy_answers(dtype: str) -> list[list[int]]:
-    engine = Engine.from_config(EngineConfig(dtype=dtype, **SMALL))  # type: ignore[arg-type]
+    engine = Engine.from_config(msgspec.structs.replace(CONFIG, dtype=dtype))
     await engine.start()
     try:
         out = []

@@ -17,29 +17,15 @@ import pytest
 
 from local_tier.jax import (
     Engine,
-    EngineConfig,
     GenerationOutput,
     GenerationRequest,
     SamplingParams,
     render_chat_prompt,
 )
+from tests.integration.test_jax_engine import CONFIG  # same small engine: shared compiles
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 
-CONFIG = EngineConfig(
-    dtype="float32",
-    max_batch_size=4,
-    max_model_len=256,
-    kv_cache_tokens=512,
-    block_size=16,
-    prefill_chunk_tokens=32,
-    max_waiting=8,
-    warmup=False,
-    decode_batch_buckets=(2, 4),
-    prefill_row_buckets=(2,),
-    prefill_len_buckets=(32,),
-    context_buckets=(256,),
-)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30)
 ANSWER = "The capital of France is Paris."
 
