@@ -139,8 +139,7 @@ class Runner:
         return out
 
     def _execute(self, batch: Batch, want_logits: bool) -> tuple[np.ndarray, np.ndarray]:
-        inputs = jax.device_put(batch.inputs, self.device)
-        li = jax.device_put(batch.logit_index, self.device)
+        inputs, li = self._put((batch.inputs, batch.logit_index))
         w = self.weights if batch.inputs.tokens.shape[1] == 1 else self.prefill_weights
         logits, top, self.k_cache, self.v_cache = self._step(
             w, self.k_cache, self.v_cache, inputs, li
@@ -148,6 +147,10 @@ class Runner:
         ids = np.asarray(top)[: batch.rows]
         out = np.asarray(logits)[: batch.rows] if want_logits else np.empty((0, 0), np.float32)
         return ids, out
+
+    def _put(self, host: Any) -> Any:
+        """Place a step's host inputs (a pytree of arrays) where the step reads them."""
+        return jax.device_put(host, self.device)
 
     def warmup(self, shapes: list[tuple[int, int, int]]) -> None:
         """Compile (or load from the persistent cache) each (batch, new tokens, context) shape
