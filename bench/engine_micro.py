@@ -4,7 +4,9 @@
 
 Prints, after a warm-up run of each shape (first runs pay compiles and page faults):
 - decode tok/s at each batch size: B streams of greedy tokens (EOS ignored), counted from the
-  moment every stream has its first token to the end, so prefill is excluded;
+  moment every stream has its first token to the end, so prefill is excluded; with the step
+  loop's host time per step and its share of the loop (``Engine.timing``; ``--pipeline off``
+  runs one step at a time instead of one step behind);
 - prefill: time to first token and prompt tok/s for 100- and 500-token prompts (fresh token
   ids each run, so the prefix cache cannot help);
 - the memory-bandwidth limit of batch-1 decode: the device's streaming-read bandwidth (a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import sys
 import time
@@ -32,6 +35,7 @@ from local_tier.jax import (
     SamplingParams,
     render_chat_prompt,
 )
+from local_tier.jax.engine import LoopTiming
 from local_tier.jax.setup import kv_dtype_for
 
 _counter = iter(range(10**9))
@@ -65,6 +69,21 @@ async def decode_rate(engine: Engine, batch: int, max_tokens: int, prompt_len: i
     # tokens produced after `start`: each stream's tokens beyond its first, roughly
     produced = sum(r[2] - 1 for r in runs)
     return produced / max(end - start, 1e-9)
+
+
+def host_share(before: LoopTiming, engine: Engine) -> str:
+    """The step loop's host work on its critical path since ``before``: per step, and as a
+    share of the loop's busy time (the rest is waiting on the device), plus the share of
+    steps dispatched before the previous step's tokens were read (one step behind)."""
+    now = engine.timing
+    steps = max(now.steps - before.steps, 1)
+    busy = max(now.busy_s - before.busy_s, 1e-9)
+    host = now.host_s - before.host_s
+    chained = (now.chained - before.chained) / steps
+    return (
+        f"host {1e3 * host / steps:.2f} ms/step = {100 * host / busy:.1f}% of the loop, "
+        f"step {1e3 * busy / steps:.1f} ms, {100 * chained:.0f}% chained"
+    )
 
 
 async def ttft(engine: Engine, n: int) -> float:
@@ -104,6 +123,7 @@ async def report(engine: Engine, args: argparse.Namespace) -> None:
     rates_by_batch: dict[int, float] = {}
     for batch in args.batches:
         await decode_rate(engine, batch, 8, args.prompt_len)  # warm-up (compiles, page faults)
+        before = dataclasses.replace(engine.timing)
         rates = [
             await decode_rate(engine, batch, args.max_tokens, args.prompt_len)
             for _ in range(args.repeats)
@@ -111,7 +131,7 @@ async def report(engine: Engine, args: argparse.Namespace) -> None:
         rates_by_batch[batch] = statistics.median(rates)
         print(
             f"decode B={batch:<3d} {statistics.median(rates):8.1f} tok/s total "
-            f"({statistics.median(rates) / batch:6.1f} per stream)",
+            f"({statistics.median(rates) / batch:6.1f} per stream); {host_share(before, engine)}",
             flush=True,
         )
     for n in (100, 500):
@@ -139,6 +159,7 @@ async def main(args: argparse.Namespace) -> None:
         kv_cache_tokens=args.kv_cache_tokens,
         max_model_len=args.max_model_len,
         warmup=not args.no_warmup,
+        pipeline_decode=args.pipeline == "on",
     )
     t0 = time.perf_counter()
     engine = Engine.from_config(config, progress=lambda m: print(f"  [load] {m}", flush=True))
@@ -165,6 +186,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--kv-cache-tokens", default=32768, type=int)
     p.add_argument("--max-model-len", default=2048, type=int)
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--pipeline", default="on", choices=["on", "off"], help="one step behind")
     p.add_argument("--model-path", default=None, help="a GGUF file (default: bundled SmolLM2)")
     return p.parse_args()
 

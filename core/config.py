@@ -116,6 +116,8 @@ class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
     served_model_name: str = "smollm2-135m-instruct"
     dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
+    tensor_parallel: PositiveInt = 1  # devices one model copy is split over
+    data_parallel: PositiveInt = 1  # model copies (each on tensor_parallel devices)
     max_batch_size: PositiveInt = 8
     max_model_len: PositiveInt = 2048
     kv_cache_tokens: PositiveInt = 32768

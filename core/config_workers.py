@@ -61,7 +61,9 @@ class WorkerConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
       with ``tensor_parallel: 2``), exported as ``CUDA_VISIBLE_DEVICES`` (``accelerator:
       gpu``) or ``TPU_VISIBLE_CHIPS`` and its bounds (``accelerator: tpu``). Empty: the
       processes inherit the gateway's devices.
-    - ``tensor_parallel``: GPUs per replica (vLLM's ``--tensor-parallel-size``).
+    - ``tensor_parallel``: devices per replica, the model split over them (vLLM's
+      ``--tensor-parallel-size``; the JAX worker's ``--tensor-parallel``, which must divide
+      the model's KV heads: SmolLM2-135M takes 1 or 3). More copies of a model: ``replicas``.
     - ``port_range``: ``[first, last]`` ports the replicas may listen on; it needs one more
       port than ``replicas`` with ``replace: start_first`` (a replacement starts before the
       process it replaces stops).
@@ -149,8 +151,6 @@ class WorkerConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
                 return problem
         if self.engine == "vllm" and not self.model:
             return "engine vllm needs `model` (a path or a Hugging Face model id)"
-        if self.engine == "jax" and self.tensor_parallel != 1:
-            return "engine jax has no tensor parallelism: tensor_parallel must be 1"
         if self.accelerator == "tpu" and self.replace == "start_first":
             return "accelerator tpu: a chip serves one process, so replace must be stop_first"
         return None

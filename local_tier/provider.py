@@ -49,6 +49,8 @@ def engine_config(cfg: JaxProviderConfig) -> EngineConfig:
         model_path=cfg.model_path,
         dtype=cfg.dtype,
         backend=cfg.backend,
+        tensor_parallel=cfg.tensor_parallel,
+        data_parallel=cfg.data_parallel,
         max_batch_size=cfg.max_batch_size,
         max_model_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
@@ -60,9 +62,10 @@ def engine_config(cfg: JaxProviderConfig) -> EngineConfig:
 
 async def open_engine(cfg: JaxProviderConfig, progress: ProgressFn | None) -> EngineProtocol:
     """Load (in a thread), compile and probe an engine; returns it ready for traffic."""
-    from local_tier.jax import Engine  # imports JAX: only when a model is really wanted
+    # imports JAX: only when a model is really wanted
+    from local_tier.jax.replicas import build_engine
 
-    build = functools.partial(Engine.from_config, engine_config(cfg), progress=progress)
+    build = functools.partial(build_engine, engine_config(cfg), progress)
     engine: EngineProtocol = await asyncio.to_thread(build)
     await engine.start()
     await probe(engine)

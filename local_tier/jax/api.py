@@ -114,9 +114,20 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     model_path: str | None = None
     dtype: Literal["float32", "bfloat16", "int8"] = "bfloat16"  # weights; activations stay fp32
     backend: Literal["auto", "cpu", "gpu", "tpu"] = "auto"  # auto = tpu > gpu > cpu
+    # Devices one engine's model is split over (heads and MLP columns; must divide the
+    # model's KV heads, heads and MLP width: SmolLM2-135M takes 1 or 3); see sharding.py.
+    tensor_parallel: int = 1
+    # Independent engine replicas, each on its own ``tensor_parallel`` devices, behind one
+    # front that sends each request to the least busy (replicas.py; Engine.from_config
+    # builds one replica: use ``replicas.build_engine``).
+    data_parallel: int = 1
     max_batch_size: int = 32  # sequences decoded together in one step
     max_model_len: int = 2048  # prompt + completion tokens per sequence
     kv_cache_tokens: int = 32768  # KV cache budget in tokens (all sequences together)
+    # Size the KV cache from the device's memory instead (vLLM's --gpu-memory-utilization):
+    # this share of it, less weights and activations, becomes cache (memory.py). None = use
+    # kv_cache_tokens.
+    kv_cache_fraction: float | None = None
     block_size: int = 16  # tokens per KV block (prefix-cache granularity)
     compile_cache_dir: str | None = None  # None = ~/.cache/switchyard/jax; "" = off
     max_waiting: int = 256  # queue bound; beyond it ``generate`` raises EngineOverloadedError
@@ -130,6 +141,13 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     background_prefill_tokens: int = 64
     model_name: str | None = None  # None = from model_path (file stem or folder name)
     warmup: bool = True  # compile the common shapes in ``start``
+    # Decode steps of an unchanged batch are dispatched before the previous step's tokens are
+    # read back (the host works one step behind the device); False = one step at a time.
+    pipeline_decode: bool = True
+    # Decode attention: "xla" everywhere, or "pallas" (a Pallas paged-attention kernel that
+    # reads the KV cache in place: TPU or GPU, one device; docs/local_tier_jax.md). "auto"
+    # is "xla" until the kernels are measured on the accelerators themselves.
+    attention: Literal["auto", "xla", "pallas"] = "auto"
     # Padded shapes the step is compiled for (each costs one compile); empty = powers of two.
     decode_batch_buckets: tuple[int, ...] = ()
     prefill_row_buckets: tuple[int, ...] = ()

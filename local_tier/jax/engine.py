@@ -2,18 +2,21 @@
 
 One task runs the loop: take new requests and aborts, plan a step (``scheduler.py``), run it
 on the device in a worker thread (``runner.py``), then sample, detokenize and push outputs to
-each request's queue. All scheduler state is touched only by that task, between device
-steps, so no locks are needed; ``generate`` talks to it through two queues.
+each request's queue (``requests.py``). All scheduler state is touched only by that task,
+between device steps, so no locks are needed; ``generate`` talks to it through two queues.
+While the same batch keeps decoding, the loop works one step behind the device: the next
+step is dispatched, fed with the device's tokens, before this step's tokens are read
+(``_advance``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from local_tier.jax import backend  # noqa: F401  (sets XLA_FLAGS before JAX starts)
 from local_tier.jax.api import (
@@ -24,28 +27,37 @@ from local_tier.jax.api import (
     GenerationOutput,
     GenerationRequest,
     ProgressFn,
-    SamplingParams,
 )
-from local_tier.jax.detokenizer import IncrementalDetokenizer, StopFilter
-from local_tier.jax.sampling import Sampler, check_params
+from local_tier.jax.compile_plan import BackgroundCompiler, CompilePlan, PlanSpace
+from local_tier.jax.requests import RequestState, validate
+from local_tier.jax.runner import Batch, Pending
 from local_tier.jax.scheduler import Scheduler, Sequence, StepPlan
-from local_tier.jax.setup import Loaded, load_engine_parts, warmup_shapes
+from local_tier.jax.setup import Loaded, load_engine_parts
 from local_tier.jax.tokenizer import Tokenizer
 
+_T = TypeVar("_T")
+PLACEHOLDER = -1  # an output token still on the device (see ``Engine._mark``)
 
-@dataclass(eq=False)
-class _Request:
-    """Per-request state owned by the step loop."""
 
-    seq: Sequence
-    params: SamplingParams
-    sampler: Sampler
-    detok: IncrementalDetokenizer
-    stops: StopFilter
-    end_ids: frozenset[int]  # tokens that end the output: EOS (unless ignored), stop_token_ids
-    out: asyncio.Queue[GenerationOutput] = field(default_factory=asyncio.Queue)
-    pending_ids: list[int] = field(default_factory=list)  # sampled, text still held back
-    done: bool = False
+@dataclass
+class LoopTiming:
+    """Where the step loop's time goes (cumulative; the benchmarks read differences)."""
+
+    steps: int = 0  # steps dispatched
+    chained: int = 0  # ... of them dispatched before the previous step's tokens were read
+    busy_s: float = 0.0  # loop time with work to do (idle waits for requests excluded)
+    device_wait_s: float = 0.0  # ... of it spent waiting on device work (worker thread)
+
+    @property
+    def host_s(self) -> float:
+        """Host work on the loop's critical path: planning, inputs, sampling, outputs."""
+        return self.busy_s - self.device_wait_s
+
+
+@dataclass
+class _InFlight:
+    plan: StepPlan
+    pending: Pending
 
 
 class Engine:
@@ -59,16 +71,16 @@ class Engine:
         self.device = parts.runner.device
         self._runner = parts.runner
         self._sched: Scheduler = parts.scheduler
-        self._eos = frozenset(self.tokenizer.eos_token_ids)
         self._progress = progress or (lambda _msg: None)
-        self._requests: dict[str, _Request] = {}
-        self._incoming: list[_Request] = []
+        self._requests: dict[str, RequestState] = {}
+        self._incoming: list[RequestState] = []
         self._aborts: list[str] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._prompt_tokens = 0
         self._gen_tokens = 0
         self._finished = 0
+        self.timing = LoopTiming()
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: ProgressFn | None = None) -> Engine:
@@ -76,19 +88,44 @@ class Engine:
         return cls(config, load_engine_parts(config, progress or (lambda _m: None)), progress)
 
     # ------------------------------------------------------------------ lifecycle
+    _compiler: BackgroundCompiler | None = None  # compiles the rest after ``start``
+
     async def start(self) -> None:
-        """Compile the common step shapes (persistent cache makes restarts fast), then start
-        the step loop. Shapes outside the warm-up set compile on first use."""
+        """Compile the few step shapes that contain every plan the scheduler can make
+        (``compile_plan.py``; the persistent cache makes restarts fast), start the step loop,
+        then compile every other bucket shape in a background thread (each serves from the
+        step after it is ready). So no step compiles while serving. Without ``warmup``,
+        shapes compile on first use."""
         if self._task is not None:
             return
         self._wake = asyncio.Event()
         if self.config.warmup:
-            shapes = warmup_shapes(self._runner.buckets, self.config)
-            await asyncio.to_thread(self._runner.warmup, shapes)
+            plan = CompilePlan.build(PlanSpace.of(self._sched, self.max_model_len))
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self._runner.warmup, list(plan.ready))
+            self._progress(
+                f"compiled the {len(plan.ready)} step shapes that cover every plan in "
+                f"{time.perf_counter() - t0:.1f}s; {len(plan.background)} more compile in the "
+                "background"
+            )
+            self._compiler = BackgroundCompiler(
+                self._runner.compile_shape, plan.background, self._progress, self._busy
+            )
+            self._runner.want_compiled = self._compiler.prefer
         self._task = asyncio.create_task(self._loop(), name="jax-engine-loop")
+        if self._compiler is not None:
+            self._compiler.start()
+
+    def _busy(self) -> bool:
+        """Whether requests are in the engine (read from the compile thread: a stale answer
+        only moves a background compile by a moment)."""
+        return bool(self._incoming) or self._sched.has_work()
 
     async def stop(self) -> None:
         """Stop the loop; every unfinished request ends with finish_reason "abort"."""
+        compiler, self._compiler = self._compiler, None
+        if compiler is not None:  # ends after the compile in progress
+            await asyncio.to_thread(compiler.stop)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -135,9 +172,9 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ admission
-    def _admit(self, req: GenerationRequest) -> _Request:
-        if self._task is None:
-            raise RuntimeError("engine is not started (await engine.start())")
+    def _admit(self, req: GenerationRequest) -> RequestState:
+        if self._task is None or self._task.done():
+            raise RuntimeError("engine is not running (await engine.start())")
         max_tokens = self._validate(req)
         if len(self._sched.waiting) + len(self._incoming) >= self.config.max_waiting:
             raise EngineOverloadedError(
@@ -146,79 +183,139 @@ class Engine:
         seq = Sequence(
             req.request_id, list(req.prompt_token_ids), max_tokens, priority=req.priority
         )
-        state = self._request_state(seq, req.params)
+        state = RequestState.new(seq, req.params, self.tokenizer)
         self._requests[req.request_id] = state
         self._incoming.append(state)
         self._wake.set()
         return state
 
-    def _request_state(self, seq: Sequence, p: SamplingParams) -> _Request:
-        """The sampler, detokenizer and stop rules of one request (vLLM's semantics)."""
-        stop_ids = frozenset(p.stop_token_ids)
-        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=p.skip_special_tokens)
-        return _Request(
-            seq,
-            p,
-            # min_tokens holds back EOS even under ignore_eos, as vLLM's all_stop_token_ids.
-            Sampler(p, seq.prompt_ids, self._eos | stop_ids),
-            IncrementalDetokenizer(decode),
-            StopFilter(p.stop, include=p.include_stop_str_in_output),
-            stop_ids if p.ignore_eos else self._eos | stop_ids,
-        )
-
     def _validate(self, req: GenerationRequest) -> int:
         """Raise ``EngineRequestError`` for anything that can never run; return max_tokens."""
-        p, n = req.params, len(req.prompt_token_ids)
         if req.request_id in self._requests:
             raise EngineRequestError(
                 f"request id {req.request_id!r} is already running", "request_id"
             )
-        if n == 0:
-            raise EngineRequestError("the prompt is empty", "prompt")
-        vocab = self.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in req.prompt_token_ids):
-            raise EngineRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
-        check_params(p, vocab)
-        limit = min(self.max_model_len, self._sched.pool.num_blocks * self._sched.pool.block_size)
-        if n >= limit:
-            raise EngineRequestError(
-                f"This model's maximum context length is {limit} tokens. However, your prompt "
-                f"has {n} tokens, which leaves no room for the completion.",
-                "messages",
-                code="context_length_exceeded",
-            )
-        if p.max_tokens is None:
-            if p.min_tokens > limit - n:  # vLLM compares with the default max_tokens too
-                raise EngineRequestError(
-                    f"min_tokens must be <= max_tokens={limit - n}, got {p.min_tokens}",
-                    "min_tokens",
-                )
-            return limit - n
-        if n + p.max_tokens > limit:
-            raise EngineRequestError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{n + p.max_tokens} tokens ({n} in the prompt, {p.max_tokens} for the "
-                f"completion). Please reduce the prompt or max_tokens.",
-                "max_tokens",
-                code="context_length_exceeded",
-            )
-        return p.max_tokens
+        pool = self._sched.pool
+        limit = min(self.max_model_len, pool.num_blocks * pool.block_size)
+        return validate(req, self.tokenizer.vocab_size, limit)
 
     # ------------------------------------------------------------------ the loop
     async def _loop(self) -> None:
+        try:
+            await self._steps()
+        except Exception as exc:  # a defect or a device failure: nobody may wait forever
+            self._progress(f"engine loop failed: {exc!r}")
+            for req in list(self._requests.values()) + self._incoming:
+                self._finish(req, "abort")
+            self._incoming.clear()
+
+    async def _steps(self) -> None:
+        inflight: _InFlight | None = None  # a decode step dispatched, its tokens not read
         while True:
-            self._take_incoming()
-            plan = self._sched.schedule()
-            if plan is None:
-                self._wake.clear()
-                if not (self._incoming or self._aborts):
-                    await self._wake.wait()
-                continue
-            batch = self._runner.prepare(plan)
-            greedy = all(self._rows_greedy(plan))
-            ids, logits = await asyncio.to_thread(self._runner.execute, batch, not greedy)
-            self._apply(plan, ids, logits)
+            started = time.perf_counter()
+            if inflight is not None:
+                inflight = await self._advance(inflight)
+            else:
+                self._take_incoming()
+                plan = self._sched.schedule()
+                if plan is None:
+                    self._wake.clear()
+                    if not (self._incoming or self._aborts):
+                        await self._wake.wait()
+                    continue
+                inflight = await self._run(plan)
+            self.timing.busy_s += time.perf_counter() - started
             await asyncio.sleep(0)  # let consumers and new requests in between steps
+
+    async def _run(self, plan: StepPlan) -> _InFlight | None:
+        """Run a planned step: a decode step whose rows all take the device's token is only
+        dispatched (returned in flight, see ``_advance``); any other step runs to its end."""
+        batch = self._runner.prepare(plan)
+        exact = self._rows_greedy(plan)
+        if plan.kind == "decode" and self.config.pipeline_decode and all(exact):
+            pending = await self._device(self._runner.dispatch, batch, False)
+            self._mark(plan)
+            return _InFlight(plan, pending)
+        ids, logits = await self._device(self._runner.execute, batch, not all(exact))
+        self._mark(plan)
+        self._fill(plan, ids, logits)
+        return None
+
+    async def _device(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` in a worker thread (device work), its wall time counted as waiting."""
+        started = time.perf_counter()
+        try:
+            return await asyncio.to_thread(fn, *args)
+        finally:
+            self.timing.device_wait_s += time.perf_counter() - started
+
+    async def _advance(self, inflight: _InFlight) -> _InFlight | None:
+        """Read the in-flight decode step. When the same batch decodes next and nothing waits
+        (``Scheduler.repeat_decode``), that step is dispatched first, fed with the in-flight
+        step's device tokens, so the device computes while the host reads, detokenizes and
+        checks stops; a sequence that ends on a token read here has wasted one row of the
+        step already running (its blocks are freed; the device runs steps in order, so the
+        stray write lands before any later owner of the block writes it)."""
+        nxt = None if self._incoming or self._aborts else self._repeat(inflight.plan)
+        if nxt is None:
+            ids, logits = await self._device(self._runner.collect, inflight.pending)
+            self._fill(inflight.plan, ids, logits)
+            return None
+        batch = self._runner.prepare(nxt)
+        pending, (ids, logits) = await self._device(
+            self._dispatch_then_collect, batch, inflight.pending
+        )
+        self.timing.chained += 1
+        self._fill(inflight.plan, ids, logits)
+        self._mark(nxt)
+        return _InFlight(nxt, pending)
+
+    def _repeat(self, plan: StepPlan) -> StepPlan | None:
+        """The chained next decode step, or None (see ``_advance``). The chain ends when a
+        sequence has ended, when the token in flight is a sequence's last (``max_tokens``),
+        and when a row needs its logits on the host."""
+        seqs = plan.decode
+        if any(s.request_id not in self._requests for s in seqs):
+            return None  # ended on the token read last (its row in flight is wasted)
+        if any(len(s.output_ids) >= s.max_tokens for s in seqs):
+            return None
+        if not all(self._rows_greedy(StepPlan("decode", decode=seqs))):
+            return None
+        return self._sched.repeat_decode(seqs)
+
+    def _dispatch_then_collect(self, batch: Batch, feed: Pending) -> tuple[Pending, Any]:
+        pending = self._runner.dispatch(batch, False, feed=feed)
+        return pending, self._runner.collect(feed)
+
+    def _mark(self, plan: StepPlan) -> None:
+        """The step is on the device: its tokens' K/V count as computed, and each sampled row
+        holds a placeholder for the token the step produces (so the next plan sees the right
+        lengths) until ``_fill`` reads it."""
+        if plan.kind == "decode":
+            work = [(s, 1, True) for s in plan.decode]
+        else:
+            work = [(i.seq, i.length, i.sample) for i in plan.prefill]
+        self.timing.steps += 1
+        for seq, n_new, sample in work:
+            req = self._requests.get(seq.request_id)
+            if req is None or req.done:
+                continue
+            self._sched.computed(seq, n_new)
+            if sample:
+                seq.output_ids.append(PLACEHOLDER)
+
+    def _fill(self, plan: StepPlan, ids: Any, logits: Any) -> None:
+        """Replace each sampled row's placeholder with its token and emit it."""
+        if plan.kind == "decode":
+            rows = list(enumerate(plan.decode))
+        else:
+            rows = [(r, i.seq) for r, i in enumerate(plan.prefill) if i.sample]
+        for row, seq in rows:
+            req = self._requests.get(seq.request_id)
+            if req is None or req.done:
+                continue
+            seq.output_ids.pop()  # the placeholder
+            self._sampled(req, row, ids, logits)
 
     def _take_incoming(self) -> None:
         for rid in self._aborts:
@@ -241,22 +338,8 @@ class Engine:
             for s in seqs
         ]
 
-    def _apply(self, plan: StepPlan, ids: Any, logits: Any) -> None:
-        if plan.kind == "decode":
-            for row, seq in enumerate(plan.decode):
-                self._sched.computed(seq, 1)
-                self._sampled(seq, row, ids, logits)
-            return
-        for row, item in enumerate(plan.prefill):
-            self._sched.computed(item.seq, item.length)
-            if item.sample:
-                self._sampled(item.seq, row, ids, logits)
-
-    def _sampled(self, seq: Sequence, row: int, ids: Any, logits: Any) -> None:
-        req = self._requests.get(seq.request_id)
-        if req is None or req.done:
-            return
-        sampler = req.sampler
+    def _sampled(self, req: RequestState, row: int, ids: Any, logits: Any) -> None:
+        seq, sampler = req.seq, req.sampler
         if sampler.device_argmax_exact(len(seq.output_ids)):
             token = int(ids[row])
         else:
@@ -265,51 +348,17 @@ class Engine:
         self._gen_tokens += 1
         self._emit(req, token)
 
-    def _emit(self, req: _Request, token: int) -> None:
-        """Detokenize ``token`` and decide whether the output ends (vLLM's rules: an end
-        token's text is left out unless include_stop_str_in_output; stop strings are searched
-        only in the text of tokens after the first min_tokens)."""
-        seq, p, reason = req.seq, req.params, None
-        check = len(seq.output_ids) > p.min_tokens
-        if token in req.end_ids:  # min_tokens masked these while it mattered
-            reason = "stop"
-            text = (
-                req.stops.push(req.detok.push([token]), check)
-                if p.include_stop_str_in_output
-                else ""
-            )
-            text += req.stops.push(req.detok.flush(), check)
-        else:
-            text = req.stops.push(req.detok.push([token]), check)
-            if req.stops.stopped:
-                reason = "stop"
-            elif len(seq.output_ids) >= seq.max_tokens:
-                reason, text = "length", text + req.stops.push(req.detok.flush(), check)
+    def _emit(self, req: RequestState, token: int) -> None:
+        reason, text = req.push(token)
         if reason is not None:
-            text += req.stops.flush()
             self._finish(req, reason, text, [token])
         elif text:
-            req.out.put_nowait(self._output(req, text, [token], None))
+            req.out.put_nowait(req.output(text, [token], None))
         else:
             req.pending_ids.append(token)
 
-    def _output(
-        self, req: _Request, text: str, ids: list[int], reason: str | None
-    ) -> GenerationOutput:
-        held, req.pending_ids = req.pending_ids, []
-        seq = req.seq
-        return GenerationOutput(
-            text=text,
-            token_ids=held + ids,
-            finish_reason=reason,
-            prompt_tokens=len(seq.prompt_ids),
-            completion_tokens=len(seq.output_ids),
-            cached_tokens=seq.num_cached,
-            scheduled_at=seq.first_scheduled,
-        )
-
     def _finish(
-        self, req: _Request, reason: str, text: str = "", ids: list[int] | None = None
+        self, req: RequestState, reason: str, text: str = "", ids: list[int] | None = None
     ) -> None:
         if req.done:
             return
@@ -317,4 +366,4 @@ class Engine:
         self._sched.finish(req.seq)
         self._requests.pop(req.seq.request_id, None)
         self._finished += 1
-        req.out.put_nowait(self._output(req, text, ids or [], reason))
+        req.out.put_nowait(req.output(text, ids or [], reason))

@@ -93,6 +93,12 @@ class ModelSpec:
     hp: HParams
     n_blocks: int  # cache blocks per layer, scratch block 0 included
     block_size: int
+    tp: int = 1  # tensor-parallel shards the fused matrices are packed for (sharding.py)
+    # Decode attention: "xla" (``_attention`` over the gathered context) or a Pallas kernel
+    # reading the paged cache in place, "pallas_tpu" / "pallas_gpu" (attention_kernels.py);
+    # ``interpret`` runs the kernel on the CPU (tests only).
+    attention: str = "xla"
+    interpret: bool = False
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -102,8 +108,19 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _qkv_bias(t: dict[str, np.ndarray], i: int, hp: HParams) -> np.ndarray | None:
-    """The fused Q/K/V bias (Q/K un-permuted), zeros for a part without one; None if none."""
+def shard_major(parts: list[np.ndarray], tp: int) -> np.ndarray:
+    """Concatenate ``parts`` along axis 0 so that each of ``tp`` equal shards is contiguous:
+    shard ``s`` is ``[s-th chunk of parts[0] | s-th chunk of parts[1] | ...]``. With ``tp = 1``
+    this is the plain concatenation (today's layout). Each part's length must divide by tp."""
+    if tp == 1:
+        return np.concatenate(parts, axis=0)
+    chunks = [np.split(p, tp, axis=0) for p in parts]
+    return np.concatenate([c[s] for s in range(tp) for c in chunks], axis=0)
+
+
+def _qkv_bias(t: dict[str, np.ndarray], i: int, hp: HParams, tp: int = 1) -> np.ndarray | None:
+    """The fused Q/K/V bias (Q/K un-permuted, shard-major for ``tp``), zeros for a part
+    without one; None if none."""
     names = ("attn_q", "attn_k", "attn_v")
     if not any(f"blk.{i}.{n}.bias" in t for n in names):
         return None
@@ -113,12 +130,14 @@ def _qkv_bias(t: dict[str, np.ndarray], i: int, hp: HParams) -> np.ndarray | Non
         for n, h in zip(names, sizes, strict=True)
     ]
     parts[0], parts[1] = unpermute_qk(parts[0], hp.n_heads), unpermute_qk(parts[1], hp.n_kv_heads)
-    return np.concatenate(parts)
+    return shard_major(parts, tp)
 
 
-def pack_weights(model: ModelTensors, dtype: Any) -> Weights:
+def pack_weights(model: ModelTensors, dtype: Any, tp: int = 1) -> Weights:
     """Arrange the model's tensors into ``Weights`` (numpy, on the host). ``dtype`` int8:
-    the layer matrices are quantized (``quant.quantize``), the embedding is kept in bf16."""
+    the layer matrices are quantized (``quant.quantize``), the embedding is kept in bf16.
+    ``tp`` > 1 packs the fused QKV and gate/up columns shard-major (``shard_major``) for
+    ``tp`` tensor-parallel devices (``sharding.py``); 1 is the plain ``[Q|K|V]``, ``[G|U]``."""
     hp, t = model.hparams, model.tensors
     int8 = np.dtype(dtype) == np.int8
     emb_dtype = jnp.bfloat16 if int8 else dtype
@@ -133,8 +152,8 @@ def pack_weights(model: ModelTensors, dtype: Any) -> Weights:
     def block(i: int) -> LayerWeights:
         q = unpermute_qk(layer(i, "attn_q"), hp.n_heads)
         k = unpermute_qk(layer(i, "attn_k"), hp.n_kv_heads)
-        qkv = np.concatenate([q, k, layer(i, "attn_v")], axis=0).T
-        gu = np.concatenate([layer(i, "ffn_gate"), layer(i, "ffn_up")], axis=0).T
+        qkv = shard_major([q, k, layer(i, "attn_v")], tp).T
+        gu = shard_major([layer(i, "ffn_gate"), layer(i, "ffn_up")], tp).T
         b_o = t.get(f"blk.{i}.attn_output.bias")
         return LayerWeights(
             attn_norm=layer(i, "attn_norm").astype(np.float32),
@@ -143,7 +162,7 @@ def pack_weights(model: ModelTensors, dtype: Any) -> Weights:
             w_o=matrix(layer(i, "attn_output").T),
             w_gu=matrix(gu),
             w_down=matrix(layer(i, "ffn_down").T),
-            b_qkv=_qkv_bias(t, i, hp),
+            b_qkv=_qkv_bias(t, i, hp, tp),
             b_o=None if b_o is None else b_o.astype(np.float32),
         )
 
@@ -252,6 +271,20 @@ def _gather_context(spec: ModelSpec, cache: jax.Array, blocks: jax.Array, layer:
     return jnp.swapaxes(g, 1, 2).reshape(b, hkv, nb * bs, hd)
 
 
+def _split_columns(y: jax.Array, sizes: tuple[int, ...], tp: int) -> list[jax.Array]:
+    """Undo ``shard_major`` on the last axis: the parts (of ``sizes`` columns each, in the
+    model's order) of a fused matmul's output packed for ``tp`` shards. Per shard the parts
+    are contiguous, so with the columns split over ``tp`` devices each device slices only its
+    own columns and the merged parts stay split (heads / MLP columns) without communication."""
+    lead = y.shape[:-1]
+    if tp == 1:
+        ends = [int(e) for e in np.cumsum(sizes)]
+        return [y[..., e - n : e] for n, e in zip(sizes, ends, strict=True)]
+    per = y.reshape(*lead, tp, -1)
+    ends = [int(e) for e in np.cumsum([n // tp for n in sizes])]
+    return [per[..., e - n // tp : e].reshape(*lead, n) for n, e in zip(sizes, ends, strict=True)]
+
+
 def _layer(
     spec: ModelSpec,
     w: LayerWeights,
@@ -269,22 +302,38 @@ def _layer(
     qkv = _dot(h, w.w_qkv)
     if w.b_qkv is not None:
         qkv = qkv + w.b_qkv
-    q = qkv[..., : nh * hd].reshape(b, t, nh, hd)
-    k = qkv[..., nh * hd : (nh + nkv) * hd].reshape(b, t, nkv, hd)
-    v = qkv[..., (nh + nkv) * hd :].reshape(b, t, nkv, hd)
+    q, k, v = _split_columns(qkv, (nh * hd, nkv * hd, nkv * hd), spec.tp)
+    q, k, v = q.reshape(b, t, nh, hd), k.reshape(b, t, nkv, hd), v.reshape(b, t, nkv, hd)
     q = _rope(q, inp.positions, rope_inv).reshape(b, t, nkv, nh // nkv, hd)
     k = _rope(k, inp.positions, rope_inv)
     # New K/V rounded to the cache dtype before use, so a token attends to identical keys
     # whether they come from this step or, later, from the cache.
     k_c, v_c = k.astype(_logical(k_cache)), v.astype(_logical(v_cache))
-    k_ctx = _gather_context(spec, k_cache, inp.ctx_blocks, i)
-    v_ctx = _gather_context(spec, v_cache, inp.ctx_blocks, i)
-    o = _attention(q, k_ctx, v_ctx, k_c.swapaxes(1, 2), v_c.swapaxes(1, 2), inp)
+    if t == 1 and spec.attention != "xla":  # the kernel reads the context in place
+        # Imported here: Pallas (Triton, Mosaic) loads only where a kernel is wanted.
+        from local_tier.jax.attention_kernels import decode_attention
+
+        o = decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            i,
+            inp.ctx_blocks,
+            inp.ctx_len,
+            n_blocks=spec.n_blocks,
+            kernel=spec.attention,
+            k_new=k_c.swapaxes(1, 2),
+            v_new=v_c.swapaxes(1, 2),
+            interpret=spec.interpret,
+        )
+    else:
+        k_ctx = _gather_context(spec, k_cache, inp.ctx_blocks, i)
+        v_ctx = _gather_context(spec, v_cache, inp.ctx_blocks, i)
+        o = _attention(q, k_ctx, v_ctx, k_c.swapaxes(1, 2), v_c.swapaxes(1, 2), inp)
     attn = _dot(o, w.w_o)
     x = x + (attn if w.b_o is None else attn + w.b_o)
     h = _rms(x, w.ffn_norm, hp.rms_eps)
-    gu = _dot(h, w.w_gu)
-    gate, up = gu[..., : hp.d_ff], gu[..., hp.d_ff :]
+    gate, up = _split_columns(_dot(h, w.w_gu), (hp.d_ff, hp.d_ff), spec.tp)
     x = x + _dot(jax.nn.silu(gate) * up, w.w_down)
     return x, k_c, v_c
 
@@ -340,7 +389,8 @@ def make_step(spec: ModelSpec) -> Any:
 
 def new_cache(spec: ModelSpec, dtype: Any, device: Any = None) -> tuple[jax.Array, jax.Array]:
     """Zeroed K and V caches, (n_layers * n_blocks, kv_heads, block_size, head_dim) each;
-    block 0 of every layer is scratch for padding."""
+    block 0 of every layer is scratch for padding. ``device``: a device or a sharding (with
+    tensor parallelism, ``sharding.Placement.cache``: split by kv head)."""
     hp = spec.hp
     shape = (hp.n_layers * spec.n_blocks, hp.n_kv_heads, spec.block_size, hp.head_dim)
     if jnp.dtype(dtype) == jnp.bfloat16:

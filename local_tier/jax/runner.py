@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from local_tier.jax import model as M
-from local_tier.jax.buckets import Buckets, round_up
+from local_tier.jax import sharding
+from local_tier.jax.buckets import Buckets
+from local_tier.jax.compile_plan import Shape, decode_need, prefill_need, serving_shape
 from local_tier.jax.scheduler import Sequence, StepPlan
 
 I32 = np.int32
@@ -30,6 +32,15 @@ class Batch:
     inputs: M.StepInputs
     logit_index: np.ndarray
     rows: int  # real rows (the rest is padding)
+
+
+@dataclass
+class Pending:
+    """A dispatched step: its device outputs, not yet read back."""
+
+    top: Any  # (B,) int32 device array: each row's next token
+    logits: Any | None  # (B, vocab) device array, when the host needs them
+    rows: int
 
 
 class Runner:
@@ -55,13 +66,25 @@ class Runner:
         self.spec = spec
         self.block_size = spec.block_size
         self.buckets = buckets
-        self.device = device
-        self.weights = jax.device_put(weights, device)
-        self.prefill_weights = (
-            self.weights if prefill_weights is None else jax.device_put(prefill_weights, device)
-        )
-        self.k_cache, self.v_cache = M.new_cache(spec, kv_dtype, device)
-        self._step = M.make_step(spec)
+        # ``device``: a JAX device, or a ``sharding.Placement`` (a tensor-parallel mesh whose
+        # weights were packed with ``pack_weights(..., tp)``); arrays are placed accordingly.
+        self.placement = sharding.as_placement(device)
+        if self.placement.tp != spec.tp:
+            raise ValueError(f"ModelSpec.tp={spec.tp} but {self.placement.tp} devices given")
+        self.device = self.placement.device
+        place = self.placement.put_weights
+        self.weights = place(weights)
+        self.prefill_weights = self.weights if prefill_weights is None else place(prefill_weights)
+        self.k_cache, self.v_cache = M.new_cache(spec, kv_dtype, self.placement.cache)
+        self._jit_step = M.make_step(spec)
+        self._step = self._call_step  # every step runs through here (see ``_call_step``)
+        self._compiled: dict[Shape, Any] = {}  # ahead-of-time executables (``compile_shape``)
+        self._serve_memo: dict[Shape, Shape] = {}  # bucket shape -> shape that runs it
+        self._abstract: tuple[Any, Any, Any, Any] | None = None  # see ``_abstract_args``
+        self.serving_compiles: list[Shape] = []  # shapes compiled by a step (stalls)
+        # Told of a plan's own shape while it runs padded to a larger one (once per compile
+        # state): ``Engine.start`` points it at the background compiler's ``prefer``.
+        self.want_compiled: Callable[[Shape], None] = lambda _shape: None
         self._report = report or (lambda _msg: None)
         self._shapes_run: set[tuple[int, ...]] = set()  # compiled (or loaded) step shapes
 
@@ -90,8 +113,7 @@ class Runner:
         return self._prepare_prefill(plan)
 
     def _prepare_decode(self, seqs: list[Sequence]) -> Batch:
-        b = round_up(len(seqs), self.buckets.decode_batch)
-        p = round_up(max(s.num_computed for s in seqs), self.buckets.context)
+        b, _, p = self._padded(decode_need(self.buckets, seqs))
         arrs = _zeros(b, 1, p // self.block_size)
         for r, s in enumerate(seqs):
             n = s.num_computed
@@ -105,9 +127,7 @@ class Runner:
 
     def _prepare_prefill(self, plan: StepPlan) -> Batch:
         items = plan.prefill
-        b = round_up(len(items), self.buckets.prefill_rows)
-        t = round_up(max(i.length for i in items), self.buckets.prefill_len)
-        p = round_up(max(i.start for i in items), self.buckets.prefill_ctx)
+        b, t, p = self._padded(prefill_need(self.buckets, items))
         arrs = _zeros(b, t, p // self.block_size)
         last = np.zeros(b, I32)
         for r, it in enumerate(items):
@@ -124,41 +144,132 @@ class Runner:
         return Batch(M.StepInputs(**arrs), last, len(items))
 
     def execute(self, batch: Batch, want_logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Run the step; returns (argmax ids (rows,), logits (rows, vocab) or empty).
+        """Run the step; returns (argmax ids (rows,), logits (rows, vocab) or empty). A shape
+        with no executable compiles first (see ``_call_step``)."""
+        return self._execute(batch, want_logits)
 
-        A shape outside the warm-up set compiles here, stalling every running stream for
-        seconds; each such compile is reported, so a bucket missing from the warm-up shows."""
-        shape = (*batch.inputs.tokens.shape, batch.inputs.ctx_blocks.shape[1] * self.block_size)
+    def _padded(self, need: Shape) -> Shape:
+        """The shape a plan padded to the buckets as ``need`` runs in: the cheapest shape
+        compiled ahead of time that contains it (``compile_plan.serving_shape``), else
+        ``need`` itself (compiled on first use)."""
+        memo = self._serve_memo  # replaced, never cleared, when an executable is added
+        got = memo.get(need)
+        if got is None:
+            compiled = list(self._compiled)
+            if need in self._shapes_run:
+                compiled.append(need)
+            got = memo[need] = serving_shape(need, compiled) or need
+            if got != need:
+                self.want_compiled(need)
+        return got
+
+    def _call_step(self, *args: Any) -> Any:
+        """The step for ``args`` (``M.make_step``'s arguments): the executable compiled ahead
+        of time for its shape, else the jitted step, which compiles a new shape here,
+        stalling every running stream for seconds; such a compile is reported and counted in
+        ``serving_compiles`` (a shape the compile plan missed shows there)."""
+        inp = next(a for a in args if isinstance(a, M.StepInputs))
+        shape = (*inp.tokens.shape, inp.ctx_blocks.shape[1] * self.block_size)
+        exe = self._compiled.get(shape)
+        if exe is not None:
+            return exe(*args)
         if shape in self._shapes_run:
-            return self._execute(batch, want_logits)
+            return self._jit_step(*args)
         t0 = time.perf_counter()
-        out = self._execute(batch, want_logits)
+        out = self._jit_step(*args)
         self._shapes_run.add(shape)
+        self.serving_compiles.append(shape)
         b, t, p = shape
         self._report(f"compiled step B={b} T={t} ctx={p} in {time.perf_counter() - t0:.1f}s")
         return out
 
+    def compile_shape(self, shape: Shape) -> float:
+        """Compile the step for ``shape`` ahead of time and use it from the next step on;
+        returns the seconds it took (a persistent-cache hit loads instead of compiling).
+
+        It lowers on abstract inputs (the live arrays' shapes, dtypes and shardings; the
+        caches stay donated), so nothing runs and the live KV cache is not touched: any
+        thread may call it while steps run. The first call must come before steps run
+        (``Engine.start``) as it records the caches' abstract form."""
+        if shape in self._compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        exe = self._jit_step.lower(*self._abstract_args(shape)).compile()
+        self._compiled = {**self._compiled, shape: exe}  # copy-on-write: readers never lock
+        self._serve_memo = {}
+        return time.perf_counter() - t0
+
+    def _abstract_args(self, shape: Shape) -> tuple[Any, ...]:
+        """Abstract arguments of a step of ``shape``, exactly as ``dispatch`` passes them:
+        (weights, k cache, v cache, inputs, logit index); inputs go through ``_put`` so they
+        carry the placement real steps get."""
+        if self._abstract is None:
+            live = (self.weights, self.prefill_weights, self.k_cache, self.v_cache)
+            self._abstract = _abstract(live)
+        w, pre, k, v = self._abstract
+        b, t, p = shape
+        arrs = _zeros(b, t, p // self.block_size)
+        inputs, li = _abstract(self._put((M.StepInputs(**arrs), np.zeros(b, I32))))
+        return (w if t == 1 else pre), k, v, inputs, li
+
+    @property
+    def compiled_shapes(self) -> frozenset[Shape]:
+        """Shapes with an executable compiled ahead of time."""
+        return frozenset(self._compiled)
+
     def _execute(self, batch: Batch, want_logits: bool) -> tuple[np.ndarray, np.ndarray]:
+        return self.collect(self.dispatch(batch, want_logits))
+
+    def dispatch(self, batch: Batch, want_logits: bool, feed: Pending | None = None) -> Pending:
+        """Start the step on the device and return at once (JAX dispatches asynchronously).
+
+        ``feed``: a decode step still running (or done but unread) whose rows are this
+        step's rows in the same order; its device tokens become this step's input tokens,
+        so the host need not read them first (the one-step-behind loop)."""
         inputs, li = self._put((batch.inputs, batch.logit_index))
+        if feed is not None:
+            fed = _fed_tokens(feed.top, inputs.tokens.shape[0])
+            inputs = inputs._replace(tokens=self._put(fed))  # the executables' placement
         w = self.weights if batch.inputs.tokens.shape[1] == 1 else self.prefill_weights
         logits, top, self.k_cache, self.v_cache = self._step(
             w, self.k_cache, self.v_cache, inputs, li
         )
-        ids = np.asarray(top)[: batch.rows]
-        out = np.asarray(logits)[: batch.rows] if want_logits else np.empty((0, 0), np.float32)
-        return ids, out
+        return Pending(top, logits if want_logits else None, batch.rows)
+
+    @staticmethod
+    def collect(pending: Pending) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for a dispatched step; (token ids (rows,), logits (rows, vocab) or empty)."""
+        ids = np.asarray(pending.top)[: pending.rows]
+        if pending.logits is None:
+            return ids, np.empty((0, 0), np.float32)
+        return ids, np.asarray(pending.logits)[: pending.rows]
 
     def _put(self, host: Any) -> Any:
-        """Place a step's host inputs (a pytree of arrays) where the step reads them."""
-        return jax.device_put(host, self.device)
+        """Place a step's host inputs (a pytree of arrays) where the step reads them: on the
+        device, or a full copy on every device of the tensor-parallel mesh."""
+        return jax.device_put(host, self.placement.replicated)
 
-    def warmup(self, shapes: list[tuple[int, int, int]]) -> None:
+    def warmup(self, shapes: list[Shape]) -> None:
         """Compile (or load from the persistent cache) each (batch, new tokens, context) shape
-        by running it once on scratch slots; each compile is reported like any other."""
+        ahead of time (``compile_shape``), reporting each."""
         for b, t, p in shapes:
-            arrs = _zeros(b, t, p // self.block_size)
-            arrs["n_new"][:] = t
-            self.execute(Batch(M.StepInputs(**arrs), np.zeros(b, I32), b), want_logits=False)
+            secs = self.compile_shape((b, t, p))
+            self._report(f"compiled ahead of time: B={b} T={t} ctx={p} in {secs:.1f}s")
+
+
+def _fed_tokens(top: Any, batch: int) -> Any:
+    """The (batch, 1) input tokens of a chained decode step from the previous step's device
+    tokens (rows beyond either step's padding are padding: token 0)."""
+    rows = min(batch, top.shape[0])
+    if top.shape[0] == batch:
+        return top[:, None]
+    return jnp.zeros((batch, 1), jnp.int32).at[:rows, 0].set(top[:rows])
+
+
+def _abstract(tree: Any) -> Any:
+    """``tree`` with every array replaced by its shape, dtype and sharding."""
+    sds: Any = jax.ShapeDtypeStruct  # untyped in jax's stubs
+    return jax.tree_util.tree_map(lambda x: sds(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def _zeros(b: int, t: int, nb: int) -> dict[str, np.ndarray]:

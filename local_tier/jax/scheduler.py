@@ -179,6 +179,25 @@ class Scheduler:
             return StepPlan("prefill", prefill=self._plan_prefill(prefill, budget))
         return None
 
+    def repeat_decode(self, seqs: list[Sequence]) -> StepPlan | None:
+        """The decode step that follows one of ``seqs`` when nothing else may change it: no
+        request waits, every running sequence is in ``seqs`` and decoding, and the blocks
+        for their next tokens are free (no preemption). None otherwise; then ``schedule``
+        decides. The one-step-behind loop chains steps through this."""
+        if self.waiting or len(self.running) != len(seqs):
+            return None
+        if any(s.status is not Status.RUNNING or s.needs_prefill for s in seqs):
+            return None
+        bs = self.pool.block_size
+        need = sum(1 for s in seqs if len(s.blocks) * bs <= s.num_computed)
+        if need > self.pool.num_free:
+            return None
+        for s in seqs:
+            if len(s.blocks) * bs <= s.num_computed:
+                s.blocks.append(self.pool.allocate())
+        self._last_kind = "decode"
+        return StepPlan("decode", decode=list(seqs))
+
     def _admit(self) -> None:
         while self.waiting:
             seq = min(self.waiting, key=_order)

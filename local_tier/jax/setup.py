@@ -6,15 +6,28 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from local_tier.jax import backend
+import jax
+import numpy as np
+
+from local_tier.jax import backend, sharding
 from local_tier.jax import model as M
 from local_tier.jax.api import EngineConfig, EngineRequestError, ProgressFn
 from local_tier.jax.buckets import Buckets
+from local_tier.jax.compile_plan import PlanSpace, cover, possible_shapes
 from local_tier.jax.gguf_loader import GGUFModel, HParams, load_gguf
 from local_tier.jax.hf_loader import HFModel, is_hf_folder, load_hf
 from local_tier.jax.hf_tokenizer import HFTokenizer
 from local_tier.jax.kv_cache import BlockPool
+from local_tier.jax.memory import (
+    KvPlan,
+    device_memory,
+    fixed_kv_cache,
+    kv_bytes_per_token,
+    plan_kv_cache,
+    step_activation_bytes,
+)
 from local_tier.jax.runner import Runner, device_dtype
 from local_tier.jax.scheduler import Scheduler
 from local_tier.jax.tokenizer import Tokenizer
@@ -39,12 +52,16 @@ def check_config(c: EngineConfig) -> None:
         "max_waiting",
         "prefill_chunk_tokens",
         "background_prefill_tokens",
+        "tensor_parallel",
+        "data_parallel",
     )
     for name in positive:
         if getattr(c, name) < 1:
             raise ValueError(f"EngineConfig.{name} must be >= 1")
     if c.kv_cache_tokens < 2 * c.block_size:
         raise ValueError("EngineConfig.kv_cache_tokens must hold at least two blocks")
+    if c.kv_cache_fraction is not None and not 0 < c.kv_cache_fraction <= 1:
+        raise ValueError("EngineConfig.kv_cache_fraction must be in (0, 1]")
 
 
 def model_name_for(path: str, fallback: str) -> str:
@@ -110,25 +127,92 @@ def max_model_len(config: EngineConfig, hp: HParams, progress: ProgressFn) -> in
     return max_len
 
 
-def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
+def attention_kernel(config: EngineConfig, platform: str, tp: int) -> str:
+    """``ModelSpec.attention`` for ``config.attention`` on ``platform``: "auto" and "xla" are
+    the XLA path; "pallas" is the platform's Pallas kernel, refused where none runs (the CPU,
+    where Pallas only interprets) or where the cache is split over devices (a custom kernel
+    would need ``shard_map``; not built)."""
+    if config.attention != "pallas":
+        return "xla"
+    kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu"}.get(platform)
+    if kernel is None:
+        raise ValueError(f"EngineConfig.attention 'pallas' needs a TPU or GPU, not {platform}")
+    if tp > 1:
+        raise ValueError("EngineConfig.attention 'pallas' works on one device (tensor_parallel 1)")
+    return kernel
+
+
+def device_placement(config: EngineConfig, replica: int = 0) -> sharding.Placement:
+    """The devices of data-parallel replica ``replica``: the platform's first
+    ``tensor_parallel x data_parallel`` devices, ``tensor_parallel`` consecutive ones each."""
+    if not 0 <= replica < config.data_parallel:
+        raise ValueError(f"replica {replica} of data_parallel={config.data_parallel}")
+    tp = config.tensor_parallel
+    devices = backend.select_devices(config.backend, tp * config.data_parallel)
+    return sharding.Placement.on(devices[replica * tp : (replica + 1) * tp])
+
+
+def kv_cache_plan(
+    config: EngineConfig,
+    hp: HParams,
+    buckets: Buckets,
+    max_len: int,
+    placement: sharding.Placement,
+    kv_dtype: Any,
+    weights: Any,
+) -> KvPlan:
+    """The KV cache: ``kv_cache_tokens``, or with ``kv_cache_fraction`` what that share of
+    the device's memory leaves after ``weights`` (host arrays, all copies) and the largest
+    step's activations (``memory.py``), over the placement's tensor-parallel devices."""
+    per_token = kv_bytes_per_token(hp, np.dtype(kv_dtype).itemsize)
+    if config.kv_cache_fraction is None:
+        return fixed_kv_cache(config.kv_cache_tokens, per_token, config.block_size)
+    space = PlanSpace(buckets, config.max_batch_size, config.prefill_chunk_tokens, max_len)
+    reserve = max(step_activation_bytes(hp, s) for s in cover(possible_shapes(space)))
+    weight_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(weights))
+    memory = device_memory(placement.device)
+    return plan_kv_cache(
+        config.kv_cache_fraction,
+        memory,
+        weight_bytes,
+        reserve,
+        per_token,
+        config.block_size,
+        devices=placement.tp,
+    )
+
+
+def load_engine_parts(config: EngineConfig, progress: ProgressFn, replica: int = 0) -> Loaded:
+    """The parts of one engine: data-parallel replica ``replica`` (0-based) of
+    ``config.data_parallel``, on its own ``tensor_parallel`` devices."""
     check_config(config)
     t0 = time.perf_counter()
-    device = backend.select_device(config.backend)
+    placement = device_placement(config, replica)
+    device = placement.device
     cache_dir = backend.enable_compile_cache(config.compile_cache_dir)
-    progress(f"JAX device: {device.platform} ({device}); compile cache: {cache_dir or 'off'}")
+    where = ", ".join(str(d) for d in placement.devices)
+    progress(f"JAX device: {device.platform} ({where}); compile cache: {cache_dir or 'off'}")
     model, tokenizer = load_model(config.model_path)
     hp = model.hparams
+    sharding.check_tensor_parallel(hp, placement.tp)
     progress(f"read {model.path.name} ({hp.n_layers} layers) in {time.perf_counter() - t0:.1f}s")
     max_len = max_model_len(config, hp, progress)
     bs = config.block_size
-    num_blocks = config.kv_cache_tokens // bs
-    spec = M.ModelSpec(hp, num_blocks + 1, bs)  # + block 0: scratch
     buckets = make_buckets(config, max_len, device.platform)
-    weights = M.pack_weights(model, device_dtype(config.dtype))
+    weights = M.pack_weights(model, device_dtype(config.dtype), placement.tp)
     pre_dtype = prefill_dtype(config, device.platform)
-    pre = None if pre_dtype == config.dtype else M.pack_weights(model, device_dtype(pre_dtype))
+    pre = (
+        None
+        if pre_dtype == config.dtype
+        else M.pack_weights(model, device_dtype(pre_dtype), placement.tp)
+    )
     kv_dtype = device_dtype(config.kv_dtype or kv_dtype_for(config.dtype))
-    runner = Runner(spec, weights, kv_dtype, buckets, device, pre, report=progress)
+    kv = kv_cache_plan(config, hp, buckets, max_len, placement, kv_dtype, (weights, pre))
+    progress(kv.report())
+    num_blocks = kv.tokens // bs
+    attention = attention_kernel(config, device.platform, placement.tp)
+    spec = M.ModelSpec(hp, num_blocks + 1, bs, placement.tp, attention)  # + block 0: scratch
+    runner = Runner(spec, weights, kv_dtype, buckets, placement, pre, report=progress)
     del weights, pre, model
     scheduler = Scheduler(
         BlockPool(num_blocks, bs),
@@ -147,26 +231,4 @@ def load_engine_parts(config: EngineConfig, progress: ProgressFn) -> Loaded:
     return Loaded(tokenizer, runner, scheduler, name, max_len)
 
 
-def warmup_shapes(buckets: Buckets, config: EngineConfig) -> list[tuple[int, int, int]]:
-    """The shapes worth compiling before serving, i.e. those steady traffic of prompts and
-    conversations up to ~500 tokens meets (a shape first met while serving compiles there,
-    stalling every stream for 1.5-2.5 s; measured in the local-tier bench as 1.6 s TTFT p95):
-
-    - decode at every batch bucket for contexts up to 512;
-    - prefill without context at every (rows, chunk) pair the scheduler can plan (padded
-      rows x chunk within the prefill budget);
-    - one-row prefill of every chunk after a cached context of up to 1024 tokens: the steps a
-      prefix-cache hit and a long prompt's later chunks run."""
-    budget = config.prefill_chunk_tokens
-    decode = [(b, 1, p) for b in buckets.decode_batch for p in buckets.context if 0 < p <= 512]
-    prefill = [
-        (r, t, 0)
-        for r in buckets.prefill_rows
-        for t in buckets.prefill_len
-        if r == 1 or r * t <= budget
-    ]
-    hits = [(1, t, p) for t in buckets.prefill_len for p in buckets.prefill_ctx if 0 < p <= 1024]
-    return prefill + hits + decode
-
-
-__all__ = ["EngineRequestError", "Loaded", "check_config", "load_engine_parts", "warmup_shapes"]
+__all__ = ["EngineRequestError", "Loaded", "check_config", "kv_cache_plan", "load_engine_parts"]

@@ -41,6 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "int8"], default=WORKER_DTYPE)
     p.add_argument("--backend", choices=["auto", "cpu", "gpu", "tpu"], default=_DEFAULTS.backend)
     p.add_argument(
+        "--tensor-parallel-size",
+        "--tensor-parallel",
+        "-tp",
+        type=int,
+        default=_DEFAULTS.tensor_parallel,
+        dest="tensor_parallel",
+        help="devices the model is split over (must divide its KV heads)",
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        "--data-parallel",
+        "-dp",
+        type=int,
+        default=_DEFAULTS.data_parallel,
+        dest="data_parallel",
+        help="model replicas in this process, each on its own tensor-parallel devices",
+    )
+    p.add_argument(
         "--max-batch-size",
         "--max-num-seqs",
         type=int,
@@ -63,6 +81,8 @@ def config_from_args(args: argparse.Namespace) -> JaxProviderConfig:
         "served_model_name": args.served_model_name,
         "dtype": args.dtype,
         "backend": args.backend,
+        "tensor_parallel": args.tensor_parallel,
+        "data_parallel": args.data_parallel,
         "max_batch_size": args.max_batch_size,
         "max_model_len": args.max_model_len,
         "kv_cache_tokens": args.kv_cache_tokens,

@@ -9,7 +9,8 @@ exactly when the processes they start would be the same: that is what a reload c
 - vllm: ``vllm serve MODEL --host 127.0.0.1 --port {port}`` (+ ``--served-model-name``,
   ``--tensor-parallel-size``), as ``local_tier/vllm/process.py``'s ``VllmSettings`` runs it.
 - jax: ``python -m local_tier.worker --host 127.0.0.1 --port {port}`` (what
-  ``switchyard worker jax`` runs; + ``--model``, ``--served-model-name``, ``--backend``).
+  ``switchyard worker jax`` runs; + ``--model``, ``--served-model-name``, ``--backend``,
+  ``--tensor-parallel``).
 - command: the entry's ``command`` as written.
 
 ``args`` follow the engine's own flags, so a flag given there wins (argparse and vLLM take
@@ -80,6 +81,8 @@ def engine_argv(config: WorkerConfig, python: str) -> list[str]:
         argv += ["--served-model-name", config.served_model_name]
     if config.devices:
         argv += ["--backend", config.accelerator]
+    if config.tensor_parallel > 1:
+        argv += ["--tensor-parallel", str(config.tensor_parallel)]
     return [*argv, *config.args]
 
 

@@ -71,7 +71,10 @@ def test_the_port_range_needs_a_spare_port_for_start_first_replacement() -> None
         ("engine: command, provider: pool", "engine command needs `command`"),
         ("engine: command, command: [x, y], provider: pool", "must contain {port}"),
         ("engine: jax, command: [x, '{port}'], provider: pool", "for engine command only"),
-        ("engine: jax, tensor_parallel: 2, provider: pool", "tensor_parallel must be 1"),
+        (
+            "engine: jax, tensor_parallel: 2, provider: pool, devices: ['0']",
+            "devices[0] has 1 devices for tensor_parallel 2",
+        ),
         ("engine: jax, provider: pool, replicas: 2, devices: ['0']", "1 groups for 2 replicas"),
         (
             "engine: vllm, model: m, provider: pool, tensor_parallel: 2, devices: ['0']",

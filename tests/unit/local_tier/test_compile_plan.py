@@ -1,0 +1,223 @@
+"""The compile plan: which step shapes exist, the cover compiled before ready, and which
+compiled shape serves a plan. The property test drives the real scheduler with random
+traffic and checks that every plan it makes fits a shape of the cover."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from local_tier.jax.buckets import Buckets, round_up
+from local_tier.jax.compile_plan import (
+    READY_SLACK,
+    BackgroundCompiler,
+    CompilePlan,
+    PlanSpace,
+    Shape,
+    background_order,
+    contains,
+    cover,
+    decode_need,
+    possible_shapes,
+    prefill_need,
+    reachable,
+    ready_set,
+    serving_shape,
+    step_cost,
+)
+from local_tier.jax.kv_cache import BlockPool
+from local_tier.jax.scheduler import Scheduler, Sequence, StepPlan
+
+DEFAULT = Buckets.build(32, 2048, 512, min_decode_batch=2, block_size=16)
+
+
+def test_default_cover_is_the_five_largest_shapes_and_the_ready_set_adds_four() -> None:
+    plan = CompilePlan.build(PlanSpace(DEFAULT, 32, 512, 2048))
+    largest = {(32, 1, 2048), (1, 512, 2048), (2, 256, 2048), (4, 128, 2048), (8, 64, 2048)}
+    assert set(cover(plan.shapes)) == largest
+    assert largest < set(plan.ready) and len(plan.ready) == 9
+    assert set(plan.ready) | set(plan.background) == set(plan.shapes)
+    assert not set(plan.ready) & set(plan.background)
+    # decode: 5 batch buckets x 10 contexts; prefill: 14 (rows, chunk) pairs x 4 contexts
+    assert len(plan.shapes) == 5 * 10 + 14 * 4
+
+
+def test_possible_shapes_follow_the_limits() -> None:
+    shapes = possible_shapes(PlanSpace(DEFAULT, 3, 100, 300))
+    decode = {s for s in shapes if s[1] == 1}
+    # 3 sequences pad to 4 rows at most; contexts up to 299 pad to 384 at most
+    assert {b for b, _, _ in decode} == {2, 4}
+    assert {p for _, _, p in decode} == {64, 128, 192, 256, 384}
+    prefill = {s for s in shapes if s[1] > 1}
+    assert {t for _, t, _ in prefill} == {32, 64, 128}  # a 100-token budget pads to 128
+    assert {p for _, _, p in prefill} == {0, 256, 1024}  # starts up to 298
+    assert all(r == 1 or r * t <= 100 for r, t, _ in prefill)
+    assert max(r for r, _, _ in prefill) == 2  # 3 rows would need 4 x 32 > 100
+
+
+@given(
+    st.lists(st.integers(0, 300), min_size=1, max_size=8, unique=True),
+    st.integers(0, 300),
+    st.integers(0, 300),
+)
+def test_reachable_equals_rounding_every_value(vals: list[int], lo: int, span: int) -> None:
+    buckets = tuple(sorted(vals))
+    hi = min(lo + span, buckets[-1])
+    want = sorted({round_up(v, buckets) for v in range(lo, hi + 1)})
+    assert reachable(buckets, lo, hi) == want
+
+
+def test_serving_shape_prefers_the_exact_then_the_cheapest_container() -> None:
+    compiled = [(32, 1, 2048), (8, 1, 512), (4, 1, 2048), (8, 64, 2048)]
+    assert step_cost((8, 1, 512)) < step_cost((4, 1, 2048))
+    assert serving_shape((8, 1, 512), compiled) == (8, 1, 512)
+    assert serving_shape((2, 1, 256), compiled) == (8, 1, 512)
+    assert serving_shape((8, 1, 1024), compiled) == (32, 1, 2048)
+    # a decode plan never runs in a prefill shape (other weights), nor the reverse
+    assert serving_shape((1, 32, 0), [(32, 1, 2048)]) is None
+    assert serving_shape((2, 1, 64), [(8, 64, 2048)]) is None
+
+
+def test_background_order_skips_the_cover_and_goes_by_context() -> None:
+    shapes = [(2, 1, 64), (8, 1, 64), (1, 32, 0), (2, 1, 512), (8, 1, 512)]
+    order = background_order(shapes, done=[(8, 1, 512)])
+    assert order == [(1, 32, 0), (8, 1, 64), (2, 1, 64), (2, 1, 512)]
+
+
+@given(
+    st.integers(1, 40),
+    st.integers(2, 600),
+    st.integers(1, 300),
+    st.sampled_from([1, 2]),
+    st.sampled_from([4, 16]),
+    st.sampled_from([1.0, 2.0, 4.0]),
+)
+def test_cover_contains_every_possible_shape(
+    rows: int, max_len: int, budget: int, min_batch: int, bs: int, slack: float
+) -> None:
+    bk = Buckets.build(rows, max_len, budget, min_batch, bs)
+    shapes = possible_shapes(PlanSpace(bk, rows, budget, max_len))
+    first = cover(shapes)
+    assert all(any(contains(c, s) for c in first) for s in shapes)
+    assert not any(a != b and contains(a, b) for a in first for b in first)  # minimal
+    ready = ready_set(shapes, slack)
+    assert set(first) <= set(ready)
+    for s in shapes:
+        assert any(contains(c, s) and step_cost(c) <= slack * step_cost(s) for c in ready)
+
+
+def _simulate(sched: Scheduler, rng: random.Random, requests: list[Sequence]) -> list[StepPlan]:
+    """Feed ``requests`` at random steps and run the scheduler to the end, as the engine
+    does after each device step; returns every plan it made."""
+    plans: list[StepPlan] = []
+    pending = list(requests)
+    for _ in range(5000):
+        while pending and rng.random() < 0.4:
+            sched.add(pending.pop(0))
+        plan = sched.schedule()
+        if plan is None:
+            if not pending:
+                return plans
+            continue
+        plans.append(plan)
+        work = (
+            [(s, 1, True) for s in plan.decode]
+            if plan.kind == "decode"
+            else [(i.seq, i.length, i.sample) for i in plan.prefill]
+        )
+        for seq, n, sample in work:
+            sched.computed(seq, n)
+            if sample:
+                seq.output_ids.append(rng.randrange(1000))
+                if len(seq.output_ids) >= seq.max_tokens:
+                    sched.finish(seq)
+    raise AssertionError("the simulation did not finish")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    max_rows=st.integers(1, 12),
+    max_len=st.integers(40, 400),
+    budget=st.integers(8, 128),
+    bs=st.sampled_from([4, 8, 16]),
+    blocks=st.integers(12, 80),
+    seed=st.integers(0, 10**6),
+)
+def test_every_plan_the_scheduler_makes_fits_the_cover(
+    max_rows: int, max_len: int, budget: int, bs: int, blocks: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    bk = Buckets.build(max_rows, max_len, budget, rng.choice([1, 2]), bs)
+    if rng.random() < 0.3:  # one overridden chunk bucket, possibly above the budget
+        bk = bk.override(prefill_len=(budget + 8 * rng.randint(0, 4),))
+    pool = BlockPool(blocks, bs)
+    sched = Scheduler(pool, bk, max_rows, budget, background_prefill_budget=rng.randint(1, 64))
+    space = PlanSpace.of(sched, max_len)
+    plan = CompilePlan.build(space)
+    limit = space.limit
+    shared = [rng.randrange(1000) for _ in range(limit)]
+    requests = []
+    for k in range(rng.randint(1, 14)):
+        n = rng.randint(1, limit - 1)
+        ids = shared[:n] if rng.random() < 0.5 else [rng.randrange(1000) for _ in range(n)]
+        max_tokens = rng.randint(1, limit - n)
+        requests.append(Sequence(f"r{k}", ids, max_tokens, priority=rng.choice([0, 0, 1])))
+    for p in _simulate(sched, rng, requests):
+        need = decode_need(bk, p.decode) if p.kind == "decode" else prefill_need(bk, p.prefill)
+        assert need in plan.shapes
+        assert serving_shape(need, cover(plan.shapes)) is not None
+        served = serving_shape(need, plan.ready)
+        assert served is not None and step_cost(served) <= READY_SLACK * step_cost(need)
+
+
+def test_background_compiler_waits_while_busy_and_stops() -> None:
+    polls: list[int] = []
+    done: list[tuple[Shape, int]] = []
+
+    def busy() -> bool:  # busy for the first three polls
+        polls.append(1)
+        return len(polls) <= 3
+
+    shapes = [(2, 1, 64), (4, 1, 64)]
+    bg = BackgroundCompiler(lambda s: done.append((s, len(polls))), shapes, lambda _m: None, busy)
+    bg.start()
+    bg._thread.join(30)
+    assert [s for s, _ in done] == shapes and bg.done == 2 and bg.error is None
+    assert done[0][1] == 4  # the first compile waited until busy() said no
+
+    def boom(_s: Shape) -> None:
+        raise RuntimeError("no")
+
+    msgs: list[str] = []
+    failing = BackgroundCompiler(boom, shapes, msgs.append)
+    failing.start()
+    failing.stop(30)
+    assert isinstance(failing.error, RuntimeError) and "failed" in msgs[0]
+    assert failing.done == 0 and not failing.running
+
+
+def test_a_shape_served_padded_compiles_next_without_waiting() -> None:
+    """``prefer``: the shape a plan needs right now jumps the queue and does not wait for the
+    engine to go idle; the others still wait (here: until stopped); unknown shapes and
+    shapes already compiled are ignored."""
+    order: list[Shape] = [(2, 1, 64), (2, 1, 128), (4, 1, 256)]
+    done: list[Shape] = []
+    bg = BackgroundCompiler(done.append, order, lambda _m: None, lambda: True, max_defer_s=60)
+    bg.prefer((4, 1, 256))
+    bg.prefer((9, 9, 9))
+    bg.start()
+    for _ in range(300):
+        if done:
+            break
+        time.sleep(0.01)
+    bg.prefer((4, 1, 256))  # already compiled: nothing more
+    bg.prefer((2, 1, 128))
+    for _ in range(300):
+        if len(done) == 2:
+            break
+        time.sleep(0.01)
+    bg.stop(30)
+    assert done == [(4, 1, 256), (2, 1, 128)]  # (2, 1, 64) still waits for an idle engine
