@@ -48,6 +48,10 @@ _KEY_IMPL = "threefry2x32"
 # jax.Array once placed on the device (or traced).
 Arr = Any
 
+# End ids per row that a step bans while the row is below its min_tokens (EOS ids plus
+# stop_token_ids): the engine's one width, so the compiled shapes do not follow requests.
+END_WIDTH = 32
+
 
 class SamplingArrays(NamedTuple):
     """Per-row sampling state of a batch of ``B`` rows over a vocabulary of ``V`` ids.

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from local_tier.jax import backend  # noqa: F401  (sets XLA_FLAGS before JAX starts)
 from local_tier.jax.api import (
     EngineConfig,
@@ -29,6 +31,7 @@ from local_tier.jax.api import (
     ProgressFn,
 )
 from local_tier.jax.compile_plan import BackgroundCompiler, CompilePlan, PlanSpace
+from local_tier.jax.device_sampling import RowState
 from local_tier.jax.requests import RequestState, validate
 from local_tier.jax.runner import Batch, Pending
 from local_tier.jax.scheduler import Scheduler, Sequence, StepPlan
@@ -81,6 +84,7 @@ class Engine:
         self._gen_tokens = 0
         self._finished = 0
         self.timing = LoopTiming()
+        self._rng = np.random.default_rng()  # sampling keys of requests without a seed
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: ProgressFn | None = None) -> Engine:
@@ -183,7 +187,7 @@ class Engine:
         seq = Sequence(
             req.request_id, list(req.prompt_token_ids), max_tokens, priority=req.priority
         )
-        state = RequestState.new(seq, req.params, self.tokenizer)
+        state = RequestState.new(seq, req.params, self.tokenizer, self._rng)
         self._requests[req.request_id] = state
         self._incoming.append(state)
         self._wake.set()
@@ -197,7 +201,9 @@ class Engine:
             )
         pool = self._sched.pool
         limit = min(self.max_model_len, pool.num_blocks * pool.block_size)
-        return validate(req, self.tokenizer.vocab_size, limit)
+        return validate(
+            req, self.tokenizer.vocab_size, limit, frozenset(self.tokenizer.eos_token_ids)
+        )
 
     # ------------------------------------------------------------------ the loop
     async def _loop(self) -> None:
@@ -228,18 +234,26 @@ class Engine:
             await asyncio.sleep(0)  # let consumers and new requests in between steps
 
     async def _run(self, plan: StepPlan) -> _InFlight | None:
-        """Run a planned step: a decode step whose rows all take the device's token is only
-        dispatched (returned in flight, see ``_advance``); any other step runs to its end."""
+        """Run a planned step: a decode step is only dispatched (returned in flight, see
+        ``_advance``) unless ``pipeline_decode`` is off; a prefill step runs to its end."""
         batch = self._runner.prepare(plan)
-        exact = self._rows_greedy(plan)
-        if plan.kind == "decode" and self.config.pipeline_decode and all(exact):
+        self._runner.sampling_arrays(batch, self._row_states(plan))
+        if plan.kind == "decode" and self.config.pipeline_decode:
             pending = await self._device(self._runner.dispatch, batch, False)
             self._mark(plan)
             return _InFlight(plan, pending)
-        ids, logits = await self._device(self._runner.execute, batch, not all(exact))
+        ids, _ = await self._device(self._runner.execute, batch, False)
         self._mark(plan)
-        self._fill(plan, ids, logits)
+        self._fill(plan, ids)
         return None
+
+    def _row_states(self, plan: StepPlan) -> list[RowState | None]:
+        """Each row's sampling state (None: a prefill chunk whose token is not used)."""
+        if plan.kind == "decode":
+            return [self._requests[s.request_id].row_state() for s in plan.decode]
+        return [
+            self._requests[i.seq.request_id].row_state() if i.sample else None for i in plan.prefill
+        ]
 
     async def _device(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)`` in a worker thread (device work), its wall time counted as waiting."""
@@ -258,28 +272,24 @@ class Engine:
         stray write lands before any later owner of the block writes it)."""
         nxt = None if self._incoming or self._aborts else self._repeat(inflight.plan)
         if nxt is None:
-            ids, logits = await self._device(self._runner.collect, inflight.pending)
-            self._fill(inflight.plan, ids, logits)
+            ids, _ = await self._device(self._runner.collect, inflight.pending)
+            self._fill(inflight.plan, ids)
             return None
         batch = self._runner.prepare(nxt)
-        pending, (ids, logits) = await self._device(
-            self._dispatch_then_collect, batch, inflight.pending
-        )
+        pending, (ids, _) = await self._device(self._dispatch_then_collect, batch, inflight.pending)
         self.timing.chained += 1
-        self._fill(inflight.plan, ids, logits)
+        self._fill(inflight.plan, ids)
         self._mark(nxt)
         return _InFlight(nxt, pending)
 
     def _repeat(self, plan: StepPlan) -> StepPlan | None:
         """The chained next decode step, or None (see ``_advance``). The chain ends when a
-        sequence has ended, when the token in flight is a sequence's last (``max_tokens``),
-        and when a row needs its logits on the host."""
+        sequence has ended, or when the token in flight is a sequence's last
+        (``max_tokens``)."""
         seqs = plan.decode
         if any(s.request_id not in self._requests for s in seqs):
             return None  # ended on the token read last (its row in flight is wasted)
         if any(len(s.output_ids) >= s.max_tokens for s in seqs):
-            return None
-        if not all(self._rows_greedy(StepPlan("decode", decode=seqs))):
             return None
         return self._sched.repeat_decode(seqs)
 
@@ -304,7 +314,7 @@ class Engine:
             if sample:
                 seq.output_ids.append(PLACEHOLDER)
 
-    def _fill(self, plan: StepPlan, ids: Any, logits: Any) -> None:
+    def _fill(self, plan: StepPlan, ids: Any) -> None:
         """Replace each sampled row's placeholder with its token and emit it."""
         if plan.kind == "decode":
             rows = list(enumerate(plan.decode))
@@ -314,8 +324,9 @@ class Engine:
             req = self._requests.get(seq.request_id)
             if req is None or req.done:
                 continue
-            seq.output_ids.pop()  # the placeholder
-            self._sampled(req, row, ids, logits)
+            seq.output_ids[-1] = token = int(ids[row])  # was the placeholder
+            self._gen_tokens += 1
+            self._emit(req, token)
 
     def _take_incoming(self) -> None:
         for rid in self._aborts:
@@ -328,25 +339,6 @@ class Engine:
                 self._sched.add(req.seq)
                 self._prompt_tokens += len(req.seq.prompt_ids)
         self._incoming.clear()
-
-    def _rows_greedy(self, plan: StepPlan) -> list[bool]:
-        """Per sampled row: whether the device's argmax is its token (greedy, and nothing
-        changes its logits this step), so the step may skip copying logits to the host."""
-        seqs = plan.decode if plan.kind == "decode" else [i.seq for i in plan.prefill if i.sample]
-        return [
-            self._requests[s.request_id].sampler.device_argmax_exact(len(s.output_ids))
-            for s in seqs
-        ]
-
-    def _sampled(self, req: RequestState, row: int, ids: Any, logits: Any) -> None:
-        seq, sampler = req.seq, req.sampler
-        if sampler.device_argmax_exact(len(seq.output_ids)):
-            token = int(ids[row])
-        else:
-            token = sampler.sample(logits[row], seq.output_ids)
-        seq.output_ids.append(token)
-        self._gen_tokens += 1
-        self._emit(req, token)
 
     def _emit(self, req: RequestState, token: int) -> None:
         reason, text = req.push(token)

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from local_tier.jax.device_sampling import SamplingArrays, advance, sample
 from local_tier.jax.gguf_loader import HParams, ModelTensors
 from local_tier.jax.quant import QuantMatrix, qdot, quantize
 from local_tier.jax.rope import inv_frequencies
@@ -383,6 +384,30 @@ def make_step(spec: ModelSpec) -> Any:
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         logits, k_cache, v_cache = forward(spec, w, k_cache, v_cache, inp, li)
         return logits, jnp.argmax(logits, axis=-1).astype(jnp.int32), k_cache, v_cache
+
+    return jax.jit(step, donate_argnums=(1, 2))
+
+
+def make_sampling_step(spec: ModelSpec, branches: bool = True) -> Any:
+    """The jitted serving step: ``(w, k_cache, v_cache, inp, logit_index, sa, kept) ->
+    (logits, tokens, k, v, sa')``. Each row's token is drawn on the device
+    (``device_sampling.sample`` with the row's parameters in ``sa``), and ``sa'`` is ``sa``
+    advanced past it for the rows in ``kept`` (B,) bool (generated count + 1, token marked
+    seen), so a following decode step of the same rows needs nothing from the host. The
+    caches are donated. ``branches``: see ``device_sampling.sample`` (False on GPUs)."""
+
+    def step(
+        w: Weights,
+        k_cache: jax.Array,
+        v_cache: jax.Array,
+        inp: StepInputs,
+        li: jax.Array,
+        sa: SamplingArrays,
+        kept: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, SamplingArrays]:
+        logits, k_cache, v_cache = forward(spec, w, k_cache, v_cache, inp, li)
+        tokens = sample(logits, sa, branches=branches)
+        return logits, tokens, k_cache, v_cache, advance(sa, tokens, kept)
 
     return jax.jit(step, donate_argnums=(1, 2))
 

@@ -1,5 +1,5 @@
 """One request's life in the engine, apart from the step loop: the checks before it runs,
-and its output side (sampler, detokenizer, stop rules, the outputs it streams).
+and its output side (sampling state, detokenizer, stop rules, the outputs it streams).
 
 The step loop (``engine.py``) owns the scheduler and the device; it hands each sampled token
 to ``RequestState.push`` and finishes the request when that says the output ended.
@@ -11,6 +11,8 @@ import asyncio
 import functools
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from local_tier.jax.api import (
     EngineRequestError,
     GenerationOutput,
@@ -18,7 +20,8 @@ from local_tier.jax.api import (
     SamplingParams,
 )
 from local_tier.jax.detokenizer import IncrementalDetokenizer, StopFilter
-from local_tier.jax.sampling import Sampler, check_params
+from local_tier.jax.device_sampling import END_WIDTH, RowState, row_key
+from local_tier.jax.sampling import check_params
 from local_tier.jax.scheduler import Sequence
 from local_tier.jax.tokenizer import Tokenizer
 
@@ -29,7 +32,8 @@ class RequestState:
 
     seq: Sequence
     params: SamplingParams
-    sampler: Sampler
+    key: np.ndarray  # the request's sampling key data (device_sampling.row_key)
+    ban_ids: tuple[int, ...]  # ids banned while below min_tokens: EOS and stop_token_ids
     detok: IncrementalDetokenizer
     stops: StopFilter
     end_ids: frozenset[int]  # tokens that end the output: EOS (unless ignored), stop_token_ids
@@ -38,19 +42,34 @@ class RequestState:
     done: bool = False
 
     @classmethod
-    def new(cls, seq: Sequence, p: SamplingParams, tokenizer: Tokenizer) -> RequestState:
-        """The sampler, detokenizer and stop rules of one request (vLLM's semantics)."""
+    def new(
+        cls, seq: Sequence, p: SamplingParams, tokenizer: Tokenizer, rng: np.random.Generator
+    ) -> RequestState:
+        """The sampling key, detokenizer and stop rules of one request (vLLM's semantics);
+        ``rng`` draws the key of a request without a seed."""
         eos = frozenset(tokenizer.eos_token_ids)
         stop_ids = frozenset(p.stop_token_ids)
         decode = functools.partial(tokenizer.decode, skip_special_tokens=p.skip_special_tokens)
         return cls(
             seq,
             p,
+            row_key(p.seed, rng),
             # min_tokens holds back EOS even under ignore_eos, as vLLM's all_stop_token_ids.
-            Sampler(p, seq.prompt_ids, eos | stop_ids),
+            tuple(sorted(eos | stop_ids)),
             IncrementalDetokenizer(decode),
             StopFilter(p.stop, include=p.include_stop_str_in_output),
             stop_ids if p.ignore_eos else eos | stop_ids,
+        )
+
+    def row_state(self) -> RowState:
+        """The request's row in a step's sampling arrays (its state before the next token)."""
+        p, seq = self.params, self.seq
+        return RowState(
+            p,
+            self.key,
+            num_generated=len(seq.output_ids),
+            end_ids=self.ban_ids if p.min_tokens > 0 else (),
+            seen_ids=seq.all_ids if p.repetition_penalty != 1.0 else (),
         )
 
     def push(self, token: int) -> tuple[str | None, str]:
@@ -94,10 +113,16 @@ class RequestState:
         )
 
 
-def validate(req: GenerationRequest, vocab: int, limit: int) -> int:
+def validate(req: GenerationRequest, vocab: int, limit: int, eos: frozenset[int]) -> int:
     """Raise ``EngineRequestError`` for a request that can never run within ``limit`` tokens
     of context (the model's and the cache's); return its max_tokens."""
     p, n = req.params, len(req.prompt_token_ids)
+    if p.min_tokens > 0 and len(eos | set(p.stop_token_ids)) > END_WIDTH:
+        raise EngineRequestError(
+            f"with min_tokens, stop_token_ids and the model's EOS ids may hold at most "
+            f"{END_WIDTH} ids together",
+            "stop_token_ids",
+        )
     if n == 0:
         raise EngineRequestError("the prompt is empty", "prompt")
     if any(not 0 <= t < vocab for t in req.prompt_token_ids):

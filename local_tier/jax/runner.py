@@ -20,6 +20,7 @@ from local_tier.jax import model as M
 from local_tier.jax import sharding
 from local_tier.jax.buckets import Buckets
 from local_tier.jax.compile_plan import Shape, decode_need, prefill_need, serving_shape
+from local_tier.jax.device_sampling import END_WIDTH, RowState, SamplingArrays, build_arrays
 from local_tier.jax.scheduler import Sequence, StepPlan
 
 I32 = np.int32
@@ -32,6 +33,8 @@ class Batch:
     inputs: M.StepInputs
     logit_index: np.ndarray
     rows: int  # real rows (the rest is padding)
+    sampling: SamplingArrays | None = None  # None: every row greedy (warm-up, tests)
+    kept: np.ndarray | None = None  # (B,) bool: rows whose token counts (sampled rows)
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Pending:
     top: Any  # (B,) int32 device array: each row's next token
     logits: Any | None  # (B, vocab) device array, when the host needs them
     rows: int
+    sampling: Any  # the rows' SamplingArrays advanced past ``top`` (device)
 
 
 class Runner:
@@ -76,7 +80,11 @@ class Runner:
         self.weights = place(weights)
         self.prefill_weights = self.weights if prefill_weights is None else place(prefill_weights)
         self.k_cache, self.v_cache = M.new_cache(spec, kv_dtype, self.placement.cache)
-        self._jit_step = M.make_step(spec)
+        # XLA:GPU runs a conditional by copying its predicate to the host, which would
+        # stall the step dispatched ahead; elsewhere conditionals skip unneeded sampling work.
+        branches = self.device.platform not in ("gpu", "cuda")
+        self._jit_step = M.make_sampling_step(spec, branches)
+        self.vocab = int(weights.emb_t.shape[1])
         self._step = self._call_step  # every step runs through here (see ``_call_step``)
         self._compiled: dict[Shape, Any] = {}  # ahead-of-time executables (``compile_shape``)
         self._serve_memo: dict[Shape, Shape] = {}  # bucket shape -> shape that runs it
@@ -209,8 +217,21 @@ class Runner:
         w, pre, k, v = self._abstract
         b, t, p = shape
         arrs = _zeros(b, t, p // self.block_size)
-        inputs, li = _abstract(self._put((M.StepInputs(**arrs), np.zeros(b, I32))))
-        return (w if t == 1 else pre), k, v, inputs, li
+        host = (M.StepInputs(**arrs), np.zeros(b, I32), self._greedy(b), np.zeros(b, bool))
+        inputs, li, sa, kept = _abstract(self._put(host))
+        return (w if t == 1 else pre), k, v, inputs, li, sa, kept
+
+    def _greedy(self, b: int) -> SamplingArrays:
+        """Sampling arrays of ``b`` greedy rows."""
+        return build_arrays([], b, self.vocab, END_WIDTH)
+
+    def sampling_arrays(self, batch: Batch, rows: list[RowState | None]) -> None:
+        """Set ``batch``'s sampling arrays from its rows' states (None: a row whose token is
+        not used, e.g. a prefill chunk that does not end its prompt)."""
+        b = batch.inputs.tokens.shape[0]
+        batch.sampling = build_arrays(rows, b, self.vocab, END_WIDTH)
+        batch.kept = np.zeros(b, bool)
+        batch.kept[: len(rows)] = [r is not None for r in rows]
 
     @property
     def compiled_shapes(self) -> frozenset[Shape]:
@@ -226,15 +247,21 @@ class Runner:
         ``feed``: a decode step still running (or done but unread) whose rows are this
         step's rows in the same order; its device tokens become this step's input tokens,
         so the host need not read them first (the one-step-behind loop)."""
-        inputs, li = self._put((batch.inputs, batch.logit_index))
-        if feed is not None:
-            fed = _fed_tokens(feed.top, inputs.tokens.shape[0])
+        b = batch.inputs.tokens.shape[0]
+        kept = batch.kept if batch.kept is not None else np.arange(b) < batch.rows
+        if feed is not None:  # same rows: the tokens and sampling state stay on the device
+            inputs, li, kept = self._put((batch.inputs, batch.logit_index, kept))
+            fed = _fed_tokens(feed.top, b)
             inputs = inputs._replace(tokens=self._put(fed))  # the executables' placement
+            sa = feed.sampling
+        else:
+            sa = batch.sampling if batch.sampling is not None else self._greedy(b)
+            inputs, li, sa, kept = self._put((batch.inputs, batch.logit_index, sa, kept))
         w = self.weights if batch.inputs.tokens.shape[1] == 1 else self.prefill_weights
-        logits, top, self.k_cache, self.v_cache = self._step(
-            w, self.k_cache, self.v_cache, inputs, li
+        logits, top, self.k_cache, self.v_cache, sa_next = self._step(
+            w, self.k_cache, self.v_cache, inputs, li, sa, kept
         )
-        return Pending(top, logits if want_logits else None, batch.rows)
+        return Pending(top, logits if want_logits else None, batch.rows, sa_next)
 
     @staticmethod
     def collect(pending: Pending) -> tuple[np.ndarray, np.ndarray]:

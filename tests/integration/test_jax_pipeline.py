@@ -52,9 +52,10 @@ def summary(outs: list[GenerationOutput]) -> list[tuple[str, list[int], str | No
 
 
 async def workload(engine: Engine) -> list[list[GenerationOutput]]:
-    """Three streams of different lengths and end conditions (EOS, max_tokens, a stop string)
-    plus a late arrival that joins while they decode (the chain breaks for its prefill and
-    resumes), and a request whose rows need host sampling (min_tokens, never chained)."""
+    """Streams of different lengths and end conditions (EOS, max_tokens, a stop string), a
+    late arrival that joins while they decode (the chain breaks for its prefill and resumes),
+    and rows sampled on the device with state of their own (min_tokens, a seeded temperature
+    and top-p draw, a repetition penalty), which the chain carries on the device."""
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     jobs = [
         run(engine, chat(engine, "What is the capital of France?"), greedy),
@@ -74,6 +75,16 @@ async def workload(engine: Engine) -> list[list[GenerationOutput]]:
             chat(engine, "Say hi."),
             msgspec.structs.replace(greedy, min_tokens=5, max_tokens=9),
             delay=0.2,
+        ),
+        run(
+            engine,
+            chat(engine, "Tell me a story."),
+            SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=20),
+        ),
+        run(
+            engine,
+            chat(engine, "List some fruits."),
+            msgspec.structs.replace(greedy, repetition_penalty=1.3, max_tokens=20),
         ),
     ]
     return list(await asyncio.gather(*jobs))
