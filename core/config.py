@@ -121,6 +121,10 @@ class JaxProviderConfig(ProviderBase, tag="jax", tag_field="type", frozen=True):
     max_batch_size: PositiveInt = 8
     max_model_len: PositiveInt = 2048
     kv_cache_tokens: PositiveInt = 32768
+    # Share of the device's memory for weights, activations and KV cache; the cache gets what
+    # is left (replaces kv_cache_tokens; vLLM's --gpu-memory-utilization). None = off.
+    kv_cache_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    attention: Literal["auto", "xla", "pallas"] = "auto"  # decode attention kernel
     block_size: PositiveInt = 16
     compile_cache_dir: str | None = None
 

@@ -54,6 +54,8 @@ def engine_config(cfg: JaxProviderConfig) -> EngineConfig:
         max_batch_size=cfg.max_batch_size,
         max_model_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
+        kv_cache_fraction=cfg.kv_cache_fraction,
+        attention=cfg.attention,
         block_size=cfg.block_size,
         compile_cache_dir=cfg.compile_cache_dir,
         model_name=cfg.served_model_name,

@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-model-len", type=int, default=_DEFAULTS.max_model_len)
     p.add_argument("--kv-cache-tokens", type=int, default=_DEFAULTS.kv_cache_tokens)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        "--kv-cache-fraction",
+        type=float,
+        default=None,
+        dest="kv_cache_fraction",
+        help="share of the device's memory for the model; the KV cache gets what is left "
+        "(replaces --kv-cache-tokens)",
+    )
+    p.add_argument("--attention", choices=["auto", "xla", "pallas"], default="auto")
     p.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
     p.add_argument("--compile-cache-dir", default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -86,6 +96,8 @@ def config_from_args(args: argparse.Namespace) -> JaxProviderConfig:
         "max_batch_size": args.max_batch_size,
         "max_model_len": args.max_model_len,
         "kv_cache_tokens": args.kv_cache_tokens,
+        "kv_cache_fraction": args.kv_cache_fraction,
+        "attention": args.attention,
         "block_size": args.block_size,
         "compile_cache_dir": args.compile_cache_dir,
     }

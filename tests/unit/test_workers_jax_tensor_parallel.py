@@ -55,3 +55,13 @@ def test_worker_flags_reach_the_engine_config(flags: list[str], tp: int, dp: int
 def test_worker_refuses_a_zero_split() -> None:
     with pytest.raises(msgspec.ValidationError, match="tensor_parallel"):
         config_from_args(build_parser().parse_args(["--tensor-parallel", "0"]))
+
+
+def test_memory_share_and_attention_flags_reach_the_engine_config() -> None:
+    flags = ["--gpu-memory-utilization", "0.9", "--attention", "pallas"]
+    engine = engine_config(config_from_args(build_parser().parse_args(flags)))
+    assert (engine.kv_cache_fraction, engine.attention) == (0.9, "pallas")
+    plain = engine_config(config_from_args(build_parser().parse_args([])))
+    assert (plain.kv_cache_fraction, plain.attention) == (None, "auto")
+    with pytest.raises(ValueError, match="kv_cache_fraction"):
+        config_from_args(build_parser().parse_args(["--kv-cache-fraction", "1.5"]))
