@@ -28,7 +28,7 @@ I32 = np.int32
 
 @dataclass
 class Batch:
-    """Host arrays for one step, plus which rows need their logits sampled."""
+    """Host arrays for one step, and its rows' sampling arrays."""
 
     inputs: M.StepInputs
     logit_index: np.ndarray
@@ -152,7 +152,7 @@ class Runner:
         return Batch(M.StepInputs(**arrs), last, len(items))
 
     def execute(self, batch: Batch, want_logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Run the step; returns (argmax ids (rows,), logits (rows, vocab) or empty). A shape
+        """Run the step; returns (token ids (rows,), logits (rows, vocab) or empty). A shape
         with no executable compiles first (see ``_call_step``)."""
         return self._execute(batch, want_logits)
 

@@ -1,5 +1,7 @@
 """Token sampling on the host (NumPy): greedy, temperature, top-k, top-p, seeded, plus vLLM's
-logits processors ``min_tokens`` and ``repetition_penalty``.
+logits processors ``min_tokens`` and ``repetition_penalty``; and the checks of a request's
+sampling values. The engine samples on the device (``device_sampling.py``); this module is
+the plain reference its tests compare with.
 
 Each sequence owns a ``Sampler`` with its own random generator, so a seeded request draws the
 same numbers whatever else runs in its batch: same seed + prompt + params = same tokens.
@@ -7,8 +9,7 @@ Logits come back from the device as float32; the math here is float64.
 
 Order, as vLLM's sampler: ``min_tokens`` first (the ids that would end the output get -inf
 while fewer than ``min_tokens`` tokens exist), then the repetition penalty, then temperature,
-top-k and top-p (or the argmax for greedy requests). A greedy row whose logits nothing
-changes can take the device's argmax instead (``Sampler.device_argmax_exact``).
+top-k and top-p (or the argmax for greedy requests).
 """
 
 from __future__ import annotations
@@ -52,16 +53,6 @@ class Sampler:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
-
-    def device_argmax_exact(self, num_output: int) -> bool:
-        """Whether the device's argmax of the raw logits is this step's token, with
-        ``num_output`` tokens generated so far: greedy, and no processor changes the logits
-        now. (``min_tokens`` stops mattering once it is reached.)"""
-        return (
-            self.greedy
-            and self.repetition_penalty == 1.0
-            and (num_output >= self.min_tokens or self._end_ids.size == 0)
-        )
 
     def sample(self, logits: np.ndarray, output_ids: Sequence[int] = ()) -> int:
         """The next token id for ``logits`` (vocab,), after ``output_ids`` were generated."""

@@ -77,15 +77,6 @@ def test_random_sampling_never_draws_a_masked_id() -> None:
     assert {s.sample(logits, [0]) for _ in range(50)} >= {EOS}  # reached: EOS is back
 
 
-def test_device_argmax_is_used_only_when_it_stays_exact() -> None:
-    assert Sampler(GREEDY, end_ids=[EOS]).device_argmax_exact(0)
-    assert not Sampler(SamplingParams(temperature=0.7)).device_argmax_exact(0)
-    penalised = Sampler(msgspec.structs.replace(GREEDY, repetition_penalty=1.1))
-    assert not penalised.device_argmax_exact(100)
-    holding = Sampler(msgspec.structs.replace(GREEDY, min_tokens=2), end_ids=[EOS])
-    assert [holding.device_argmax_exact(n) for n in range(4)] == [False, False, True, True]
-
-
 # ---------------------------------------------------------------- checks
 @pytest.mark.parametrize(
     ("fields", "param"),
