@@ -88,7 +88,13 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: ProgressFn | None = None) -> Engine:
-        """Load the model, tokenizer and KV cache (no compilation yet: see ``start``)."""
+        """Load the model, tokenizer and KV cache (no compilation yet: see ``start``). One
+        engine: ``data_parallel`` above 1 is ``replicas.build_engine``'s job."""
+        if config.data_parallel != 1:
+            raise ValueError(
+                "Engine.from_config builds one engine; use local_tier.jax.replicas.build_engine "
+                f"for data_parallel={config.data_parallel}"
+            )
         return cls(config, load_engine_parts(config, progress or (lambda _m: None)), progress)
 
     # ------------------------------------------------------------------ lifecycle

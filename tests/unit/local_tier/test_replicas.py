@@ -122,3 +122,11 @@ def test_merged_stats_add_up_and_usage_stays_a_share(
 def test_no_engines_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one engine"):
         Replicas([])
+
+
+def test_one_engine_refuses_data_parallel_and_points_at_build_engine() -> None:
+    from local_tier.jax.api import EngineConfig
+    from local_tier.jax.engine import Engine
+
+    with pytest.raises(ValueError, match="build_engine"):
+        Engine.from_config(EngineConfig(data_parallel=2))
