@@ -153,8 +153,9 @@ class Runner:
 
     def execute(self, batch: Batch, want_logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Run the step; returns (token ids (rows,), logits (rows, vocab) or empty). A shape
-        with no executable compiles first (see ``_call_step``)."""
-        return self._execute(batch, want_logits)
+        with no executable compiles first (see ``_call_step``). The engine reads only the
+        token ids; the logits serve checks against a reference forward."""
+        return self.collect(self.dispatch(batch, want_logits))
 
     def _padded(self, need: Shape) -> Shape:
         """The shape a plan padded to the buckets as ``need`` runs in: the cheapest shape
@@ -209,8 +210,8 @@ class Runner:
 
     def _abstract_args(self, shape: Shape) -> tuple[Any, ...]:
         """Abstract arguments of a step of ``shape``, exactly as ``dispatch`` passes them:
-        (weights, k cache, v cache, inputs, logit index); inputs go through ``_put`` so they
-        carry the placement real steps get."""
+        (weights, k cache, v cache, inputs, logit index, sampling arrays, kept rows); inputs
+        go through ``_put`` so they carry the placement real steps get."""
         if self._abstract is None:
             live = (self.weights, self.prefill_weights, self.k_cache, self.v_cache)
             self._abstract = _abstract(live)
@@ -237,9 +238,6 @@ class Runner:
     def compiled_shapes(self) -> frozenset[Shape]:
         """Shapes with an executable compiled ahead of time."""
         return frozenset(self._compiled)
-
-    def _execute(self, batch: Batch, want_logits: bool) -> tuple[np.ndarray, np.ndarray]:
-        return self.collect(self.dispatch(batch, want_logits))
 
     def dispatch(self, batch: Batch, want_logits: bool, feed: Pending | None = None) -> Pending:
         """Start the step on the device and return at once (JAX dispatches asynchronously).
