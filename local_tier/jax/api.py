@@ -152,7 +152,6 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     decode_batch_buckets: tuple[int, ...] = ()
     prefill_row_buckets: tuple[int, ...] = ()
     prefill_len_buckets: tuple[int, ...] = ()
-    context_buckets: tuple[int, ...] = ()  # 0 (no context) is always added
 
 
 class EngineRequestError(InvalidRequestError):

@@ -1,25 +1,22 @@
 """Which step shapes to compile, when, and which compiled shape serves a plan.
 
-A step shape is ``(rows, new tokens, context)`` after padding to the buckets (``buckets.py``).
-Every distinct shape is one XLA compile (1-3 s on a small CPU), and a shape first met while
-serving stalls every stream for that long. So the engine compiles ahead of time:
+A step shape is ``(rows, new tokens, context)`` after padding to the buckets (``buckets.py``);
+the context is the block table's width, the same for every step (attention reads only the
+chunks the rows fill), so shapes differ in rows and new tokens only. Every distinct shape is
+one XLA compile (1-4 s on a small CPU), and a shape first met while serving stalls every
+stream for that long. So the engine compiles ahead of time:
 
 - ``possible_shapes``: every shape the scheduler's rules can produce (decode: up to
-  ``max_rows`` sequences, contexts up to ``limit - 1``; prefill: up to the largest row bucket
-  of items, chunks up to the budget, ``rows x chunk <= budget`` when more than one row,
-  starts up to ``limit - 2``). It may hold a few shapes the scheduler never reaches (it
-  treats the three sizes as independent), never fewer.
-- ``cover``: the shapes no other possible shape contains (rows, tokens and context each
-  ``>=``), per family (decode steps, ``T == 1``, read the decode weights; prefill steps the
-  prefill weights, so one family never serves the other). Padding up is always correct
-  (padding rows and tokens write the scratch block 0 and are masked), so once the cover is
-  compiled every plan has a compiled shape.
-- ``ready_set``: the cover plus a few shapes so that no plan runs padded to a shape costing
-  more than ``READY_SLACK`` times its own (the bare cover pads a 30-token prompt to 512
-  tokens); the engine compiles it before it reports ready (9 shapes at the defaults).
-- ``background_order``: the rest, compiled after start in order of likely use (every
-  sequence passes through small contexts first, so smaller contexts first; within a context
-  the larger shapes first, as each serves more plans).
+  ``max_rows`` sequences; prefill: up to the largest row bucket of items, chunks up to the
+  budget, ``rows x chunk <= budget`` when more than one row). 20 at the worker's defaults.
+- ``ready_set``: every decode shape (decode is what every stream does on every step; a row
+  of padding costs ~3 ms on a 2-core CPU) plus a cover of the prefill shapes with bounded
+  padding: no prefill plan runs padded to a shape costing more than ``READY_SLACK`` times
+  its own. The engine compiles it before it reports ready (13 shapes at the defaults).
+  Padding up is always correct (padding rows and tokens write the scratch block 0 and are
+  masked).
+- ``background_order``: the rest, compiled after start, the shapes serving the most plans
+  first.
 - ``serving_shape``: the cheapest compiled shape that contains a plan's padded shape.
 
 ``BackgroundCompiler`` runs the background compiles in a thread; the runner compiles ahead of
@@ -67,17 +64,13 @@ class PlanSpace:
 
 def decode_need(buckets: Buckets, seqs: list[Sequence]) -> Shape:
     """The bucket shape of a decode step over ``seqs``."""
-    ctx = max(s.num_computed for s in seqs)
-    return round_up(len(seqs), buckets.decode_batch), 1, round_up(ctx, buckets.context)
+    return round_up(len(seqs), buckets.decode_batch), 1, buckets.context
 
 
 def prefill_need(buckets: Buckets, items: list[PrefillItem]) -> Shape:
     """The bucket shape of a prefill step over ``items``."""
-    return (
-        round_up(len(items), buckets.prefill_rows),
-        round_up(max(i.length for i in items), buckets.prefill_len),
-        round_up(max(i.start for i in items), buckets.prefill_ctx),
-    )
+    rows = round_up(len(items), buckets.prefill_rows)
+    return rows, round_up(max(i.length for i in items), buckets.prefill_len), buckets.context
 
 
 def reachable(buckets: tuple[int, ...], lo: int, hi: int) -> list[int]:
@@ -98,19 +91,14 @@ def reachable(buckets: tuple[int, ...], lo: int, hi: int) -> list[int]:
 def possible_shapes(space: PlanSpace) -> list[Shape]:
     """Every padded shape a decode or prefill plan of the scheduler can need (sorted)."""
     bk = space.buckets
-    decode = [
-        (b, 1, p)
-        for b in reachable(bk.decode_batch, 1, space.max_rows)
-        for p in reachable(bk.context, 1, space.limit - 1)
-    ]
+    decode = [(b, 1, bk.context) for b in reachable(bk.decode_batch, 1, space.max_rows)]
     items = min(bk.prefill_rows[-1], space.max_rows)
     longest = min(space.prefill_budget, space.limit - 1)
     prefill = [
-        (r, t, p)
+        (r, t, bk.context)
         for r in reachable(bk.prefill_rows, 1, items)
         for t in reachable(bk.prefill_len, 1, longest)
         if r == bk.prefill_rows[0] or r * t <= space.prefill_budget
-        for p in reachable(bk.prefill_ctx, 0, max(0, space.limit - 2))
     ]
     return sorted(set(decode + prefill))
 
@@ -133,20 +121,20 @@ def cover(shapes: Iterable[Shape]) -> list[Shape]:
     return [s for s in pool if not any(o != s and contains(o, s) for o in pool)]
 
 
-# A step's cost in "context tokens read" (XLA:CPU, SmolLM2, from the figures in
-# docs/local_tier_jax.md): reading the weights ~25 ms = ~6000 context tokens of KV (~4 us
-# each); a prefill token's matmuls ~0.8 ms = ~200 context tokens.
+# A step's relative cost (XLA:CPU, SmolLM2, docs/local_tier_jax.md): reading the weights
+# (~50 ms a step on 2 cores) against a new token's matmuls (0.4-0.8 ms); the context is read
+# as far as the rows fill it whatever the shape, so it is not part of a shape's cost.
 STEP_BASE_COST = 6000
 NEW_TOKEN_COST = 200
 # ``ready_set``: every plan runs in a shape at most this many times its own step's cost.
-READY_SLACK = 4.0
+READY_SLACK = 2.0
 
 
 def step_cost(shape: Shape) -> int:
-    """A rough relative cost of one step of ``shape``: a fixed part (the weights) plus each
-    row's new tokens and context (see the constants above)."""
-    b, t, p = shape
-    return STEP_BASE_COST + b * (NEW_TOKEN_COST * t + p)
+    """A rough relative cost of one step of ``shape``: a fixed part (the weights) plus the
+    new tokens (see the constants above)."""
+    b, t, _ = shape
+    return STEP_BASE_COST + b * t * NEW_TOKEN_COST
 
 
 def ready_set(shapes: Iterable[Shape], slack: float = READY_SLACK) -> list[Shape]:
@@ -181,12 +169,11 @@ def serving_shape(need: Shape, compiled: Iterable[Shape]) -> Shape | None:
 
 
 def background_order(shapes: Iterable[Shape], done: Iterable[Shape]) -> list[Shape]:
-    """``shapes`` not in ``done``, most likely to be used first: smaller contexts first
-    (every sequence passes through them), then the larger shape first (it serves more plans,
-    so it shrinks the padding of the most plans meanwhile)."""
+    """``shapes`` not in ``done``, the larger first: each serves more plans, so it shrinks the
+    padding of the most plans meanwhile."""
     skip = set(done)
     rest = [s for s in set(shapes) if s not in skip]
-    return sorted(rest, key=lambda s: (s[2], -s[0] * s[1], s))
+    return sorted(rest, key=lambda s: (-s[0] * s[1], s))
 
 
 @dataclass(frozen=True)
@@ -200,9 +187,11 @@ class CompilePlan:
 
     @classmethod
     def build(cls, space: PlanSpace, slack: float = READY_SLACK) -> CompilePlan:
-        """``ready``: ``ready_set(shapes, slack)``; ``background``: the rest, in order."""
+        """``ready``: every decode shape and ``ready_set(prefill shapes, slack)``;
+        ``background``: the rest, in order."""
         shapes = possible_shapes(space)
-        first = ready_set(shapes, slack)
+        decode = [s for s in shapes if _family(s)]
+        first = sorted(decode + ready_set([s for s in shapes if not _family(s)], slack))
         return cls(tuple(shapes), tuple(first), tuple(background_order(shapes, first)))
 
 

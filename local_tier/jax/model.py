@@ -38,13 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from local_tier.jax.attention import ContextRef, attention, logical_dtype, to_cache
 from local_tier.jax.device_sampling import SamplingArrays, advance, sample
 from local_tier.jax.gguf_loader import HParams, ModelTensors
 from local_tier.jax.quant import QuantMatrix, qdot, quantize
 from local_tier.jax.rope import inv_frequencies
 
 F32 = jnp.float32
-NEG = float(np.finfo(np.float32).min)  # masked score: exp() underflows to 0, no inf - inf
 Arr = Any  # a jax.Array on the device, or the numpy array it is built from on the host
 
 
@@ -196,82 +196,6 @@ def _rope(x: jax.Array, pos: jax.Array, inv: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def _scores(qh: jax.Array, k: jax.Array) -> jax.Array:
-    """(B, Hkv, G*T, hd) x (B, Hkv, keys, hd) -> (B, Hkv, G*T, keys), fp32."""
-    dims = (((3,), (3,)), ((0, 1), (0, 1)))
-    return jax.lax.dot_general(qh.astype(k.dtype), k, dims, preferred_element_type=F32)
-
-
-def _mix(e: jax.Array, v: jax.Array) -> jax.Array:
-    """(B, Hkv, G*T, keys) x (B, Hkv, keys, hd) -> (B, Hkv, G*T, hd), fp32."""
-    dims = (((3,), (2,)), ((0, 1), (0, 1)))
-    return jax.lax.dot_general(e.astype(v.dtype), v, dims, preferred_element_type=F32)
-
-
-def _new_token_mask(inp: StepInputs, t: int, g: int) -> jax.Array:
-    """(B, 1, G*T, T): query row g*T + i may see new key j iff j <= i < n_new."""
-    idx = jnp.arange(t)
-    ok = (idx[None, :] <= idx[:, None])[None] & (idx < inp.n_new[:, None])[:, None]
-    return jnp.tile(ok, (1, g, 1))[:, None]
-
-
-def _attention(
-    q: jax.Array,
-    k_ctx: jax.Array,
-    v_ctx: jax.Array,
-    k_new: jax.Array,
-    v_new: jax.Array,
-    inp: StepInputs,
-) -> jax.Array:
-    """Softmax attention of q (B,T,Hkv,G,hd) over the context (B,Hkv,P,hd) and the step's own
-    keys (B,Hkv,T,hd), causal among the new tokens. Returns (B, T, Hkv*G*hd).
-
-    Everything is head-major with (B, Hkv) as batch dimensions of ``dot_general``: XLA:CPU
-    runs that as a few batched matmuls, while the same einsum on (B, P, Hkv, hd) operands
-    transposed them first (3.5x slower)."""
-    b, t, hkv, g, hd = q.shape
-    qh = q.transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, hd) * (1.0 / np.sqrt(hd))
-    s_new = jnp.where(_new_token_mask(inp, t, g), _scores(qh, k_new), NEG)
-    m = s_new.max(-1, keepdims=True)
-    has_ctx = k_ctx.shape[2] > 0
-    if has_ctx:
-        ctx_ok = (jnp.arange(k_ctx.shape[2])[None, :] < inp.ctx_len[:, None])[:, None, None]
-        s_ctx = jnp.where(ctx_ok, _scores(qh, k_ctx), NEG)
-        m = jnp.maximum(m, s_ctx.max(-1, keepdims=True))
-    e_new = jnp.exp(s_new - m)
-    denom = e_new.sum(-1, keepdims=True)
-    o = _mix(e_new, v_new)
-    if has_ctx:
-        e_ctx = jnp.exp(s_ctx - m)
-        denom = denom + e_ctx.sum(-1, keepdims=True)
-        o = o + _mix(e_ctx, v_ctx)
-    o = (o / denom).reshape(b, hkv, g, t, hd).transpose(0, 3, 1, 2, 4)
-    return o.reshape(b, t, hkv * g * hd)
-
-
-def _logical(cache: jax.Array) -> Any:
-    """The dtype a cache holds: bf16 caches are stored as uint16 bit patterns, because
-    XLA:CPU widens a bf16 scatter to f32 and so copied the whole cache twice per step."""
-    return jnp.bfloat16 if cache.dtype == jnp.uint16 else cache.dtype
-
-
-def _to_cache(x: jax.Array, cache: jax.Array) -> jax.Array:
-    return jax.lax.bitcast_convert_type(x, jnp.uint16) if cache.dtype == jnp.uint16 else x
-
-
-def _gather_context(spec: ModelSpec, cache: jax.Array, blocks: jax.Array, layer: int) -> jax.Array:
-    """The context of each row, (B, Hkv, P, hd), from cache (L*n_blocks, Hkv, bs, hd).
-
-    Whole blocks are gathered (take with mode="clip" skips the bounds fix-up of indexing):
-    XLA:CPU gathers big slices several times faster than single tokens."""
-    b, nb = blocks.shape
-    g = jnp.take(cache, blocks + layer * spec.n_blocks, axis=0, mode="clip")
-    if cache.dtype == jnp.uint16:
-        g = jax.lax.bitcast_convert_type(g, jnp.bfloat16)
-    hkv, bs, hd = cache.shape[1:]
-    return jnp.swapaxes(g, 1, 2).reshape(b, hkv, nb * bs, hd)
-
-
 def _split_columns(y: jax.Array, sizes: tuple[int, ...], tp: int) -> list[jax.Array]:
     """Undo ``shard_major`` on the last axis: the parts (of ``sizes`` columns each, in the
     model's order) of a fused matmul's output packed for ``tp`` shards. Per shard the parts
@@ -309,7 +233,7 @@ def _layer(
     k = _rope(k, inp.positions, rope_inv)
     # New K/V rounded to the cache dtype before use, so a token attends to identical keys
     # whether they come from this step or, later, from the cache.
-    k_c, v_c = k.astype(_logical(k_cache)), v.astype(_logical(v_cache))
+    k_c, v_c = k.astype(logical_dtype(k_cache)), v.astype(logical_dtype(v_cache))
     if t == 1 and spec.attention != "xla":  # the kernel reads the context in place
         # Imported here: Pallas (Triton, Mosaic) loads only where a kernel is wanted.
         from local_tier.jax.attention_kernels import decode_attention
@@ -328,9 +252,8 @@ def _layer(
             interpret=spec.interpret,
         )
     else:
-        k_ctx = _gather_context(spec, k_cache, inp.ctx_blocks, i)
-        v_ctx = _gather_context(spec, v_cache, inp.ctx_blocks, i)
-        o = _attention(q, k_ctx, v_ctx, k_c.swapaxes(1, 2), v_c.swapaxes(1, 2), inp)
+        ctx = ContextRef(k_cache, v_cache, i * spec.n_blocks, inp.ctx_blocks, inp.ctx_len)
+        o = attention(q, k_c.swapaxes(1, 2), v_c.swapaxes(1, 2), inp.n_new, ctx)
     attn = _dot(o, w.w_o)
     x = x + (attn if w.b_o is None else attn + w.b_o)
     h = _rms(x, w.ffn_norm, hp.rms_eps)
@@ -370,8 +293,8 @@ def forward(
     blk = (inp.write_blocks[None] + offs).reshape(-1)
     pos = jnp.broadcast_to(inp.write_offsets[None], (hp.n_layers, b, t)).reshape(-1)
     shape = (-1, hp.n_kv_heads, hp.head_dim)
-    k_cache = k_cache.at[blk, :, pos, :].set(_to_cache(jnp.stack(new_k), k_cache).reshape(shape))
-    v_cache = v_cache.at[blk, :, pos, :].set(_to_cache(jnp.stack(new_v), v_cache).reshape(shape))
+    k_cache = k_cache.at[blk, :, pos, :].set(to_cache(jnp.stack(new_k), k_cache).reshape(shape))
+    v_cache = v_cache.at[blk, :, pos, :].set(to_cache(jnp.stack(new_v), v_cache).reshape(shape))
     return logits, k_cache, v_cache
 
 

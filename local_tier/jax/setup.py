@@ -91,17 +91,11 @@ def make_buckets(config: EngineConfig, max_len: int, platform: str) -> Buckets:
     # bf16 matmuls with a single row take a slow path on XLA:CPU: decode at least two rows.
     # (int8 weights multiply in bf16 too, see quant.py)
     min_batch = 2 if (config.dtype in ("bfloat16", "int8") and platform == "cpu") else 1
-    buckets = Buckets.build(
+    return Buckets.build(
         config.max_batch_size, max_len, config.prefill_chunk_tokens, min_batch, config.block_size
     ).override(
-        config.decode_batch_buckets,
-        config.prefill_row_buckets,
-        config.prefill_len_buckets,
-        config.context_buckets,
+        config.decode_batch_buckets, config.prefill_row_buckets, config.prefill_len_buckets
     )
-    if any(p % config.block_size for p in (*buckets.context, *buckets.prefill_ctx)):
-        raise ValueError("EngineConfig: context buckets must be multiples of block_size")
-    return buckets
 
 
 def load_model(path: str | None) -> tuple[GGUFModel | HFModel, Tokenizer]:

@@ -40,7 +40,6 @@ CONFIG = EngineConfig(
     decode_batch_buckets=(2, 4),
     prefill_row_buckets=(2,),
     prefill_len_buckets=(32,),
-    context_buckets=(256,),
 )
 
 

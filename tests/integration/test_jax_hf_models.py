@@ -91,7 +91,6 @@ def config_for(folder: str, max_model_len: int) -> EngineConfig:
         decode_batch_buckets=(2,),
         prefill_row_buckets=(1,),
         prefill_len_buckets=(32,),
-        context_buckets=(max_model_len,),
     )
 
 

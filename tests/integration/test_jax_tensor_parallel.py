@@ -143,7 +143,6 @@ def _engine_config(folder: str | None, **change: Any) -> Any:
         "decode_batch_buckets": (4,),
         "prefill_row_buckets": (2,),
         "prefill_len_buckets": (16,),
-        "context_buckets": (32,),
     }
     return EngineConfig(**(fields | change))
 
@@ -277,7 +276,6 @@ def _smollm2_child() -> dict[str, Any]:
             kv_cache_tokens=512,
             prefill_chunk_tokens=64,
             prefill_len_buckets=(64,),
-            context_buckets=(128,),
         )
         engine = Engine.from_config(config)
         msgs = [{"role": "user", "content": "What is the capital of France?"}]

@@ -2,7 +2,7 @@
 
 The Pallas kernels run interpreted: the TPU kernel in TPU interpret mode (simulated DMAs and
 semaphores), the GPU kernel in Pallas' generic interpreter. Each case is compared with
-``model._attention`` on the context the engine itself would gather, and with the XLA path.
+``attention.attention`` (the engine's XLA path) over the same paged cache.
 Shapes are tiny because interpretation is slow (about a second per compiled case)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 from local_tier.jax import attention_kernels as ak
 from local_tier.jax import model as M
 from local_tier.jax import pallas_paged as pp
-from local_tier.jax.gguf_loader import HParams
+from local_tier.jax.attention import ContextRef, attention
 from local_tier.jax.hf_loader import load_hf
 
 N_LAYERS, N_BLOCKS, HKV, BS, HD = 2, 8, 2, 8, 16
@@ -59,23 +59,12 @@ def make_case(g: int, dtype: Any, seed: int = 0, bf16_values: bool = False) -> C
 
 
 def engine_attention(c: Case) -> jax.Array:
-    """``model._attention`` on the context gathered as the engine gathers it."""
+    """``attention.attention`` (the engine's XLA path) over the same cache and tables."""
     b = len(LENGTHS)
-    hp = HParams(N_LAYERS, 64, 128, HKV, HKV, HD, 100, 512, 10000.0, 1e-5)  # heads unused
-    spec = M.ModelSpec(hp=hp, n_blocks=N_BLOCKS, block_size=BS)
-    ctx = jnp.asarray(TABLES)
-    inp = M.StepInputs(
-        tokens=None,
-        positions=None,
-        n_new=jnp.ones(b, jnp.int32),
-        ctx_blocks=ctx,
-        ctx_len=jnp.asarray(LENGTHS),
-        write_blocks=None,
-        write_offsets=None,
+    ref = ContextRef(
+        c.k_cache, c.v_cache, LAYER * N_BLOCKS, jnp.asarray(TABLES), jnp.asarray(LENGTHS)
     )
-    k_ctx = M._gather_context(spec, c.k_cache, ctx, LAYER)
-    v_ctx = M._gather_context(spec, c.v_cache, ctx, LAYER)
-    return M._attention(c.q, k_ctx, v_ctx, c.k_new, c.v_new, inp)
+    return attention(c.q, c.k_new, c.v_new, jnp.ones(b, jnp.int32), ref)
 
 
 def run(c: Case, kernel: str, **kw: Any) -> jax.Array:

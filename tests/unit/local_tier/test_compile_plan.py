@@ -34,26 +34,27 @@ from local_tier.jax.scheduler import Scheduler, Sequence, StepPlan
 DEFAULT = Buckets.build(32, 2048, 512, min_decode_batch=2, block_size=16)
 
 
-def test_default_cover_is_the_five_largest_shapes_and_the_ready_set_adds_four() -> None:
+C = DEFAULT.context  # every step's block table: 2048 tokens
+
+
+def test_default_plan_compiles_every_decode_shape_and_a_prefill_cover_before_ready() -> None:
     plan = CompilePlan.build(PlanSpace(DEFAULT, 32, 512, 2048))
-    largest = {(32, 1, 2048), (1, 512, 2048), (2, 256, 2048), (4, 128, 2048), (8, 64, 2048)}
+    largest = {(32, 1, C), (1, 512, C), (2, 256, C), (4, 128, C), (8, 64, C)}
     assert set(cover(plan.shapes)) == largest
-    assert largest < set(plan.ready) and len(plan.ready) == 9
+    decode = {(b, 1, C) for b in (2, 4, 8, 16, 32)}
+    assert largest | decode < set(plan.ready) and len(plan.ready) == 13
     assert set(plan.ready) | set(plan.background) == set(plan.shapes)
     assert not set(plan.ready) & set(plan.background)
-    # decode: 5 batch buckets x 10 contexts; prefill: 14 (rows, chunk) pairs x 4 contexts
-    assert len(plan.shapes) == 5 * 10 + 14 * 4
+    # decode: 5 batch buckets; prefill: 14 (rows, chunk) pairs; the context is no dimension
+    assert len(plan.shapes) == 5 + 14 and {p for _, _, p in plan.shapes} == {C}
 
 
 def test_possible_shapes_follow_the_limits() -> None:
     shapes = possible_shapes(PlanSpace(DEFAULT, 3, 100, 300))
     decode = {s for s in shapes if s[1] == 1}
-    # 3 sequences pad to 4 rows at most; contexts up to 299 pad to 384 at most
-    assert {b for b, _, _ in decode} == {2, 4}
-    assert {p for _, _, p in decode} == {64, 128, 192, 256, 384}
+    assert decode == {(2, 1, C), (4, 1, C)}  # 3 sequences pad to 4 rows at most
     prefill = {s for s in shapes if s[1] > 1}
     assert {t for _, t, _ in prefill} == {32, 64, 128}  # a 100-token budget pads to 128
-    assert {p for _, _, p in prefill} == {0, 256, 1024}  # starts up to 298
     assert all(r == 1 or r * t <= 100 for r, t, _ in prefill)
     assert max(r for r, _, _ in prefill) == 2  # 3 rows would need 4 x 32 > 100
 
@@ -71,20 +72,19 @@ def test_reachable_equals_rounding_every_value(vals: list[int], lo: int, span: i
 
 
 def test_serving_shape_prefers_the_exact_then_the_cheapest_container() -> None:
-    compiled = [(32, 1, 2048), (8, 1, 512), (4, 1, 2048), (8, 64, 2048)]
-    assert step_cost((8, 1, 512)) < step_cost((4, 1, 2048))
-    assert serving_shape((8, 1, 512), compiled) == (8, 1, 512)
-    assert serving_shape((2, 1, 256), compiled) == (8, 1, 512)
-    assert serving_shape((8, 1, 1024), compiled) == (32, 1, 2048)
+    compiled = [(32, 1, C), (8, 1, C), (4, 1, C), (8, 64, C)]
+    assert serving_shape((8, 1, C), compiled) == (8, 1, C)
+    assert serving_shape((2, 1, C), compiled) == (4, 1, C)
+    assert serving_shape((16, 1, C), compiled) == (32, 1, C)
     # a decode plan never runs in a prefill shape (other weights), nor the reverse
-    assert serving_shape((1, 32, 0), [(32, 1, 2048)]) is None
-    assert serving_shape((2, 1, 64), [(8, 64, 2048)]) is None
+    assert serving_shape((1, 32, C), [(32, 1, C)]) is None
+    assert serving_shape((2, 1, C), [(8, 64, C)]) is None
 
 
-def test_background_order_skips_the_cover_and_goes_by_context() -> None:
-    shapes = [(2, 1, 64), (8, 1, 64), (1, 32, 0), (2, 1, 512), (8, 1, 512)]
-    order = background_order(shapes, done=[(8, 1, 512)])
-    assert order == [(1, 32, 0), (8, 1, 64), (2, 1, 64), (2, 1, 512)]
+def test_background_order_skips_the_done_and_puts_larger_shapes_first() -> None:
+    shapes = [(2, 1, C), (8, 1, C), (1, 32, C), (2, 64, C), (16, 1, C)]
+    order = background_order(shapes, done=[(16, 1, C)])
+    assert order == [(2, 64, C), (1, 32, C), (8, 1, C), (2, 1, C)]
 
 
 @given(
@@ -107,6 +107,8 @@ def test_cover_contains_every_possible_shape(
     assert set(first) <= set(ready)
     for s in shapes:
         assert any(contains(c, s) and step_cost(c) <= slack * step_cost(s) for c in ready)
+    plan = CompilePlan.build(PlanSpace(bk, rows, budget, max_len), slack)
+    assert {s for s in shapes if s[1] == 1} <= set(plan.ready)  # decode runs exact shapes
 
 
 def _simulate(sched: Scheduler, rng: random.Random, requests: list[Sequence]) -> list[StepPlan]:

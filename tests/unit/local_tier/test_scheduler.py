@@ -3,6 +3,8 @@ preemption, prefix hits."""
 
 from __future__ import annotations
 
+import pytest
+
 from local_tier.jax.buckets import Buckets, round_up
 from local_tier.jax.kv_cache import BlockPool
 from local_tier.jax.scheduler import Scheduler, Sequence, Status, StepPlan
@@ -151,22 +153,19 @@ def test_prefill_rows_share_one_padded_length_within_budget() -> None:
 def test_buckets_round_up_and_override() -> None:
     b = Buckets.build(32, 2048, 512, min_decode_batch=2)
     assert b.decode_batch == (2, 4, 8, 16, 32)
-    assert b.context[0] == 0 and b.context[-1] == 2048
     assert round_up(3, b.decode_batch) == 4
-    assert b.prefill_len == (32, 64, 128, 256, 512) and b.prefill_ctx == (0, 256, 1024, 2048)
-    o = b.override(decode_batch=(32,), context=(2048,))
-    assert o.decode_batch == (32,) and o.context == o.prefill_ctx == (0, 2048)
+    assert b.prefill_len == (32, 64, 128, 256, 512) and b.prefill_rows == (1, 2, 4, 8)
+    o = b.override(decode_batch=(32,), prefill_len=(64, 512))
+    assert o.decode_batch == (32,) and o.prefill_len == (64, 512) and o.context == b.context
+    with pytest.raises(ValueError, match="reach 32"):
+        b.override(decode_batch=(2, 16))
 
 
-def test_decode_contexts_add_one_and_a_half_steps() -> None:
-    """Decode cost follows the padded context, so 129..192 pads to 192, not 256."""
-    b = Buckets.build(32, 2048, 512, block_size=16)
-    assert b.context == (0, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-    assert round_up(130, b.context) == 192 and round_up(200, b.context) == 256
-    assert all(p % 16 == 0 for p in b.context)
-    assert b.prefill_ctx == (0, 256, 1024, 2048)  # prefill keeps its coarse steps
-    small = Buckets.build(4, 256, 32, block_size=16)
-    assert small.context == (0, 64, 128, 192, 256)
+def test_the_block_table_spans_max_model_len_in_whole_blocks() -> None:
+    """The context is not bucketed: every step carries the whole table (attention reads only
+    the chunks the rows fill), so it is max_model_len rounded up to whole blocks."""
+    assert Buckets.build(32, 2048, 512, block_size=16).context == 2048
+    assert Buckets.build(4, 100, 32, block_size=16).context == 112
 
 
 def test_first_scheduled_is_stamped_once_and_survives_preemption() -> None:
