@@ -93,9 +93,7 @@ def make_buckets(config: EngineConfig, max_len: int, platform: str) -> Buckets:
     min_batch = 2 if (config.dtype in ("bfloat16", "int8") and platform == "cpu") else 1
     return Buckets.build(
         config.max_batch_size, max_len, config.prefill_chunk_tokens, min_batch, config.block_size
-    ).override(
-        config.decode_batch_buckets, config.prefill_row_buckets, config.prefill_len_buckets
-    )
+    ).override(config.decode_batch_buckets, config.prefill_row_buckets, config.prefill_len_buckets)
 
 
 def load_model(path: str | None) -> tuple[GGUFModel | HFModel, Tokenizer]:
