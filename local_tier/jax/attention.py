@@ -7,8 +7,9 @@ online softmax across chunks (FlashAttention's running max and sum). So a step's
 the context its rows really have, not the width of the block table: the compiled step does
 not depend on the context length at all, one executable per (rows, new tokens) serves every
 context, and nothing is compiled per context bucket. Each chunk is gathered block by block
-straight into the (B, Hkv, keys, hd) layout the attention matmuls want; the whole context is
-never materialised (a batch of 32 at 2048 tokens used to gather ~280 MB per layer pass).
+straight into the (B, Hkv, keys, hd) layout the attention matmuls want; a row's whole
+context is never gathered at once (the path before this one gathered every layer's padded
+context in one piece: figures in docs/local_tier_jax.md, "Compile plan").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ stream for that long. So the engine compiles ahead of time:
 
 - ``possible_shapes``: every shape the scheduler's rules can produce (decode: up to
   ``max_rows`` sequences; prefill: up to the largest row bucket of items, chunks up to the
-  budget, ``rows x chunk <= budget`` when more than one row). 20 at the worker's defaults.
+  budget, ``rows x chunk <= budget`` when more than one row). 19 at the worker's defaults.
 - ``ready_set``: every decode shape (decode is what every stream does on every step; a row
   of padding costs ~3 ms on a 2-core CPU) plus a cover of the prefill shapes with bounded
   padding: no prefill plan runs padded to a shape costing more than ``READY_SLACK`` times

@@ -2,8 +2,8 @@
 decode alike.
 
 ``step`` runs ``B`` sequences of ``T`` new tokens each (decode: ``T = 1``; prefill: ``B`` prompt
-chunks of up to ``T`` tokens) against each sequence's cached context of up to ``P`` tokens,
-gathered from the paged cache by block table. Shapes are bucketed by the caller (``runner.py``).
+chunks of up to ``T`` tokens) against each sequence's cached context, read from the paged
+cache through its block table. Shapes are bucketed by the caller (``runner.py``).
 
 Layout choices, each measured on XLA:CPU (see docs/local_tier_jax.md):
 
@@ -22,11 +22,10 @@ Layout choices, each measured on XLA:CPU (see docs/local_tier_jax.md):
   scale per output column); the embedding stays bf16. Which matmul a weight takes is decided
   while tracing, so the fp32 and bf16 steps are unchanged.
 - The cache is one array per K and V, ``(n_layers * n_blocks, kv_heads, block_size,
-  head_dim)`` (paged, head-major inside a block): a row's context is gathered block by block
-  straight into the (B, kv_heads, P, head_dim) layout the attention matmuls want. Attention
-  reads the old context plus the step's new K/V, and only after all layers are done are the
-  new K/V written back with one scatter. Reading before writing lets XLA update the donated
-  cache in place.
+  head_dim)`` (paged, head-major inside a block). Attention (``attention.py``) reads the old
+  context, chunk by chunk as far as the rows fill it, plus the step's new K/V, and only after
+  all layers are done are the new K/V written back with one scatter. Reading before writing
+  lets XLA update the donated cache in place.
 """
 
 from __future__ import annotations
