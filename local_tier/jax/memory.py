@@ -94,13 +94,18 @@ def kv_bytes_per_token(hp: HParams, itemsize: int) -> int:
     return hp.n_layers * hp.n_kv_heads * hp.head_dim * 2 * itemsize
 
 
-def step_activation_bytes(hp: HParams, shape: tuple[int, int, int]) -> int:
+def step_activation_bytes(
+    hp: HParams, shape: tuple[int, int, int], chunk_tokens: int | None = None
+) -> int:
     """An upper estimate of the live temporaries of one step of ``shape``: per new token the
     fp32 residual, norm and attention outputs (3 x d_model), Q/K/V, gate/up and the MLP
-    product (3 x d_ff) and attention scores over context + new tokens; one layer's gathered
-    context K and V in fp32; every row's logits. Doubled, since XLA keeps more than one
-    layer's temporaries alive at a time."""
+    product (3 x d_ff) and attention scores over the keys read at once + new tokens; those
+    keys' K and V gathered in fp32; every row's logits. Attention reads the context
+    ``chunk_tokens`` at a time (``attention.py``; None: all of it). Doubled, since XLA keeps
+    more than one layer's temporaries alive at a time."""
     b, t, p = shape
+    if chunk_tokens is not None:
+        p = min(p, chunk_tokens)
     qkv = (hp.n_heads + 2 * hp.n_kv_heads) * hp.head_dim
     per_token = 4 * (3 * hp.d_model + qkv + 3 * hp.d_ff + hp.n_heads * (p + t))
     gathered = b * p * hp.n_kv_heads * hp.head_dim * 2 * 4

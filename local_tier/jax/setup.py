@@ -14,6 +14,7 @@ import numpy as np
 from local_tier.jax import backend, sharding
 from local_tier.jax import model as M
 from local_tier.jax.api import EngineConfig, EngineRequestError, ProgressFn
+from local_tier.jax.attention import CHUNK_BLOCKS
 from local_tier.jax.buckets import Buckets
 from local_tier.jax.compile_plan import PlanSpace, cover, possible_shapes
 from local_tier.jax.gguf_loader import GGUFModel, HParams, load_gguf
@@ -160,7 +161,8 @@ def kv_cache_plan(
     if config.kv_cache_fraction is None:
         return fixed_kv_cache(config.kv_cache_tokens, per_token, config.block_size)
     space = PlanSpace(buckets, config.max_batch_size, config.prefill_chunk_tokens, max_len)
-    reserve = max(step_activation_bytes(hp, s) for s in cover(possible_shapes(space)))
+    chunk = CHUNK_BLOCKS * config.block_size
+    reserve = max(step_activation_bytes(hp, s, chunk) for s in cover(possible_shapes(space)))
     weight_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(weights))
     memory = device_memory(placement.device)
     return plan_kv_cache(

@@ -113,3 +113,8 @@ def test_activation_estimate_grows_with_the_shape(a: Any, b: Any) -> None:
     big = tuple(max(x, y) for x, y in zip(a, b, strict=True))
     assert step_activation_bytes(SMOLLM2, big) >= step_activation_bytes(SMOLLM2, a)
     assert step_activation_bytes(SMOLLM2, a) > 0
+    # reading the context 256 tokens at a time never needs more than reading it whole
+    chunked = step_activation_bytes(SMOLLM2, big, chunk_tokens=256)
+    assert 0 < chunked <= step_activation_bytes(SMOLLM2, big)
+    if big[2] > 256:
+        assert chunked < step_activation_bytes(SMOLLM2, big)
