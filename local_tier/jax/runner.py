@@ -173,10 +173,10 @@ class Runner:
         return got
 
     def _call_step(self, *args: Any) -> Any:
-        """The step for ``args`` (``M.make_step``'s arguments): the executable compiled ahead
-        of time for its shape, else the jitted step, which compiles a new shape here,
-        stalling every running stream for seconds; such a compile is reported and counted in
-        ``serving_compiles`` (a shape the compile plan missed shows there)."""
+        """The step for ``args`` (``M.make_sampling_step``'s arguments): the executable
+        compiled ahead of time for its shape, else the jitted step, which compiles a new
+        shape here, stalling every running stream for seconds; such a compile is reported
+        and counted in ``serving_compiles`` (a shape the compile plan missed shows there)."""
         inp = next(a for a in args if isinstance(a, M.StepInputs))
         shape = (*inp.tokens.shape, inp.ctx_blocks.shape[1] * self.block_size)
         exe = self._compiled.get(shape)
