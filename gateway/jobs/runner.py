@@ -74,7 +74,8 @@ class BatchRunner:
         self.store = store
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._tasks: set[asyncio.Task[None]] = set()
-        self._orphans: list[Claim] = []  # items whose result could not be stored
+        # Items whose result could not be stored, by (batch id, line), until handed back.
+        self._orphans: dict[tuple[str, int], Claim] = {}
         self._wake = asyncio.Event()  # new work may be claimable
         self._books = asyncio.Event()  # bookkeeping is due
         self._slot = asyncio.Event()
@@ -158,6 +159,9 @@ class BatchRunner:
         free = settings.concurrency - len(self._tasks)
         claims = await self.store.claim(self.owner, free, settings.lease_s)
         for item in claims:
+            # An orphan whose lease ran out and that this runner claimed again is held
+            # afresh: handing the old hold back would release the new one mid-run.
+            self._orphans.pop(_key(item), None)
             task = asyncio.create_task(self._run(item))
             self._tasks.add(task)
             task.add_done_callback(self._done)
@@ -230,7 +234,7 @@ class BatchRunner:
             await self._record(item, answer)
         except Exception:
             _log.exception("batch.result_not_stored", batch_id=item.batch_id, line=item.line)
-            self._orphans.append(item)  # handed back by the heartbeat
+            self._orphans[_key(item)] = item  # handed back by the heartbeat
 
     def _principal(self, stored: Principal) -> Principal:
         """The batch's creator as the control plane knows its key now (the key's models,
@@ -278,9 +282,16 @@ class BatchRunner:
                 _log.exception("batch.renew_failed")
 
     async def _hand_back_orphans(self) -> None:
-        while self._orphans:
-            await self.store.retry_later(self.owner, self._orphans[0], 0.0)
-            self._orphans.pop(0)
+        for key, item in list(self._orphans.items()):
+            if self._orphans.get(key) is not item:
+                continue  # claimed again meanwhile (see ``_turn``)
+            await self.store.retry_later(self.owner, item, 0.0)
+            if self._orphans.get(key) is item:
+                del self._orphans[key]
+
+
+def _key(item: Claim) -> tuple[str, int]:
+    return item.batch_id, item.line
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:
