@@ -37,7 +37,10 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     """The cheapest target whose predicted TTFT and total latency meet the objective (from
     the request header, the tenant or the alias); if none can, the closest first.
     ``tail_z`` picks the quantile the prediction must meet (1.2816 = p90 of a log-normal
-    spread around the prompt-length fit).
+    spread around the prompt-length fit); ``alone_z`` (2.3263 = p99, never below
+    ``tail_z``) the one it must meet when no target could still meet the objective after
+    the first was cut (an 800 ms request when the quickest target's p99 is 800 ms): a
+    miss there is final.
 
     ``default_ttft_ms``: the TTFT objective routing assumes for requests that set none
     (null: route them by cost alone), so they too stay off targets too loaded to answer in
@@ -58,6 +61,7 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     default) turns hedging off."""
 
     tail_z: Annotated[float, Meta(ge=0)] = 1.2816
+    alone_z: Annotated[float, Meta(ge=0)] = 2.3263
     default_ttft_ms: Annotated[float, Meta(gt=0)] | None = 5000.0
     explore_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.05
     explore_after_s: Annotated[float, Meta(ge=0)] = 10.0

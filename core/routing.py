@@ -78,6 +78,9 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     ttft_penalty: float = 1.0
     ttft_floor_s: float | None = None
     ttft_penalty_from_tokens: int = 0
+    # Seconds since that penalty was last raised (None: no penalty): how stale the
+    # evidence is for prompts it covers, which short-prompt samples say nothing about.
+    ttft_penalty_age_s: float | None = None
 
 
 UNKNOWN = TargetHealth()

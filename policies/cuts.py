@@ -13,6 +13,18 @@ target has:
   ``half_life_s`` and is dropped at the next real sample. A target that keeps missing
   deadlines looks slower and slower to the strategies, then drifts back to its measured
   figures when left alone (and gets tried again);
+- *evidence* before the penalty: each cut comes with its *surprise*, ``-log10`` of the
+  chance that a target as its measurements say would still have been silent that long
+  (at its p90: 1; at its p99: 2; never measured: infinite). The penalty starts once the
+  cuts' surprise, added up (a real sample clears it), reaches ``EVIDENCE`` (1): a
+  deadline cut comes at the target's patience, its p90 or later, and starts it at once,
+  as before; a cut sooner, a hedge's loser stopped because the backup answered first or
+  an exploration probe cut at the slack, is weak evidence and needs another in a row or
+  alongside (late together, they start one penalty, not two). Doubling a target's
+  predictions for a hedge it lost at its median kept a mid-priced target off long
+  prompts. (A threshold of 2, one cut past the p99 or two in the tail, let more long
+  prompts stay on that target end to end, but cost the simulator's `summarise` class a
+  point of attainment: 99.0% to 98.0%.)
 - a *floor*: the longest wait cut recently, what a target never measured is predicted
   at (times the penalty) instead of "unmeasured, try it";
 - the *prompt size* it concerns: the smallest prompt (in tokens) among the cut attempts.
@@ -26,21 +38,25 @@ Pure: time from the injected clock.
 
 from __future__ import annotations
 
+import math
+
 from msgspec import Struct
 
 from core.clock import Clock
 
 CUT_FACTOR = 2.0
 MAX_PENALTY = 16.0
+EVIDENCE = 1.0  # -log10 of 10%: a cut at or past the target's p90 (its patience)
 PROMPT_SHARE = 0.5
 _NEGLIGIBLE = 0.01  # a penalty within 1% of 1 is gone
 
 
 class _Cuts(Struct):
-    penalty: float
+    penalty: float  # 1.0 until the evidence is enough
     floor_s: float
     at: float
     prompt_tokens: int
+    evidence: float = 0.0
 
 
 class CutPenalties:
@@ -53,21 +69,33 @@ class CutPenalties:
         self.half_life_s = half_life_s
         self._cuts: dict[str, _Cuts] = {}
 
-    def cut(self, label: str, waited_s: float, prompt_tokens: int = 0) -> None:
+    def cut(
+        self, label: str, waited_s: float, prompt_tokens: int = 0, surprise: float = math.inf
+    ) -> None:
         """One attempt at ``label`` for a ``prompt_tokens`` prompt given up after
-        ``waited_s`` (negative: ignored)."""
+        ``waited_s`` (negative: ignored), as surprising as ``surprise`` (see the module
+        docstring; infinite by default: the penalty starts at once)."""
         if waited_s < 0:
             return
         known = self._live(label)
         now = self._clock.now()
         if known is None:
-            self._cuts[label] = _Cuts(CUT_FACTOR, waited_s, now, max(0, prompt_tokens))
+            known = self._cuts[label] = _Cuts(1.0, waited_s, now, max(0, prompt_tokens))
+            self._add_evidence(known, surprise)
             return
         if now - waited_s >= known.at:  # sent after the last cut: new evidence
-            known.penalty = min(self._penalty(known) * CUT_FACTOR, MAX_PENALTY)
+            known.penalty = self._penalty(known)
             known.at = now
+            self._add_evidence(known, surprise)
+        elif known.penalty <= 1.0:  # cut alongside: adds evidence, starts one penalty
+            self._add_evidence(known, surprise)
         known.floor_s = max(known.floor_s, waited_s)
         known.prompt_tokens = min(known.prompt_tokens, max(0, prompt_tokens))
+
+    def _add_evidence(self, known: _Cuts, surprise: float) -> None:
+        known.evidence += max(0.0, surprise)
+        if known.evidence >= EVIDENCE:
+            known.penalty = min(known.penalty * CUT_FACTOR, MAX_PENALTY)
 
     def sampled(self, label: str, prompt_tokens: int | None) -> None:
         """A real sample came in: it clears the penalty when its prompt is at least as
@@ -77,9 +105,11 @@ class CutPenalties:
             del self._cuts[label]
 
     def age_s(self, label: str) -> float | None:
-        """Seconds since ``label``'s last cut (None: none lately)."""
+        """Seconds since ``label``'s last cut (None: none lately, or no penalty yet)."""
         known = self._live(label)
-        return None if known is None else self._clock.now() - known.at
+        if known is None or known.penalty <= 1.0:
+            return None
+        return self._clock.now() - known.at
 
     def read(self, label: str) -> tuple[float, float | None, int]:
         """(penalty, floor seconds, the prompt size it applies from) now: (1.0, None, 0)
@@ -89,13 +119,19 @@ class CutPenalties:
             return 1.0, None, 0
         return self._penalty(known), known.floor_s, int(known.prompt_tokens * PROMPT_SHARE)
 
+    def _decay(self, cuts: _Cuts) -> float:
+        return float(0.5 ** ((self._clock.now() - cuts.at) / self.half_life_s))
+
     def _penalty(self, cuts: _Cuts) -> float:
-        decay: float = 0.5 ** ((self._clock.now() - cuts.at) / self.half_life_s)
-        return 1.0 + (cuts.penalty - 1.0) * decay
+        return 1.0 + (cuts.penalty - 1.0) * self._decay(cuts)
 
     def _live(self, label: str) -> _Cuts | None:
         cuts = self._cuts.get(label)
-        if cuts is not None and self._penalty(cuts) - 1.0 < _NEGLIGIBLE:
+        if cuts is None:
+            return None
+        # Evidence short of a penalty stays until a real sample clears it: the cuts were
+        # in a row whatever the time between them.
+        if cuts.penalty > 1.0 and self._penalty(cuts) - 1.0 < _NEGLIGIBLE:
             del self._cuts[label]
             return None
         return cuts

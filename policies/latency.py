@@ -314,6 +314,7 @@ class LatencyStats:
                 ttft_penalty=penalty,
                 ttft_floor_s=floor,
                 ttft_penalty_from_tokens=from_tokens,
+                ttft_penalty_age_s=self.cuts.age_s(label),
             )
         fit = self._fits.get(label)
         checked = _checked(fit, self.alpha) if fit is not None else 0.0
@@ -329,6 +330,7 @@ class LatencyStats:
             ttft_penalty=penalty,
             ttft_floor_s=floor,
             ttft_penalty_from_tokens=from_tokens,
+            ttft_penalty_age_s=self.cuts.age_s(label),
         )
 
     def attempt_started(self, label: str) -> None:
@@ -354,7 +356,26 @@ class LatencyStats:
         if error is None:
             self.observe_ttft(label, ttft_s, prompt_tokens, in_flight)
         elif error == CUT_ERROR:
-            self.cuts.cut(label, ttft_s, prompt_tokens or 0)
+            surprise = self.cut_surprise(label, ttft_s, prompt_tokens, in_flight)
+            self.cuts.cut(label, ttft_s, prompt_tokens or 0, surprise)
+
+    def cut_surprise(
+        self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int | None
+    ) -> float:
+        """``-log10`` of the chance that ``label``, as measured, is still silent after
+        ``waited_s`` (``policies.cuts``): its predicted TTFT for the prompt at that load,
+        spread as strategies see it. Infinite when unmeasured (a cut is all there is)."""
+        model = self.ttft_model(label)
+        if model is None or prompt_tokens is None:
+            return math.inf
+        expected = model.predict(prompt_tokens) * self.load.factor(label, in_flight or 0)
+        fit = self._fits.get(label)
+        spread = routing_spread(model.spread, _checked(fit, self.alpha) if fit else 0.0)
+        if expected <= 0 or waited_s <= 0 or spread <= 0:
+            return math.inf if waited_s > expected else 0.0
+        z = math.log(waited_s / expected) / spread
+        silent = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(TTFT > waited)
+        return -math.log10(max(silent, 1e-12))
 
 
 def _stale(at: float, now: float, max_age_s: float | None) -> bool:

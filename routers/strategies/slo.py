@@ -11,12 +11,20 @@ import msgspec
 from core.config_routing import SloStrategy
 from core.routing import HealthView, RouteRequest, TargetHealth
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import Deadline, first_token_deadlines, hedged_first
+from routers.strategies.deadlines import (
+    MIN_SHARE,
+    RESERVE_Z,
+    SWITCH_S,
+    Deadline,
+    first_token_deadlines,
+    hedged_first,
+)
 from routers.strategies.lowest_cost import by_cost, cost_reason
 from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
 from routers.targets import Target
 
 _BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
+_CUT_ONLY = 1.0 + 2e-9  # never measured, only cut: just after the busy unmeasured ones
 
 
 class Slo:
@@ -55,6 +63,7 @@ class Slo:
     def __init__(self, config: SloStrategy | None = None, *, z: float | None = None) -> None:
         self.config = config or SloStrategy()
         self.z = self.config.tail_z if z is None else z
+        self.alone_z = max(self.z, self.config.alone_z) if z is None else z
 
     def plan(
         self,
@@ -70,8 +79,8 @@ class Slo:
                 Ranked(t, f"slo: no objective; {cost_reason(i, cost)}")
                 for i, (t, cost) in enumerate(by_cost(req, candidates))
             ]
-        z = self.z
         healths = {t.label: health.health(t.label) for t in candidates}
+        z = self.z if _rescuable(goal, candidates, healths) else self.alone_z
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
         own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
@@ -86,6 +95,8 @@ class Slo:
                 return over[t.label], position[t.label]
             return over[t.label], _cost_or_inf(goal, t)
 
+        if own:
+            _unknowns_behind_close(goal, missing, healths, over)
         missing.sort(key=closest)
         ranked = [
             Ranked(t, _feasible_reason(i, cost, objective, goal, healths[t.label], z))
@@ -100,7 +111,7 @@ class Slo:
         if probe is None:
             return self._with_hedge(req, ranked, health)
         rest = [r for r in ranked if r.target.label != probe.label]
-        age = healths[probe.label].ttft_age_s or 0.0
+        age = _evidence_age_s(req, healths[probe.label])
         known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
         if probe is not unknown:
             known += _predicted(req, healths[probe.label], z)
@@ -155,11 +166,41 @@ class Slo:
             for t in missing
             if (cost := cost_usd(req, t)) is not None
             and cost < best_cost
-            and (healths[t.label].ttft_age_s or 0.0) >= self.config.explore_after_s
+            and _evidence_age_s(req, healths[t.label]) >= self.config.explore_after_s
         ]
         if not stale or rng.random() >= self.config.explore_share:
             return None
-        return max(stale, key=lambda t: healths[t.label].ttft_age_s or 0.0)
+        return max(stale, key=lambda t: _evidence_age_s(req, healths[t.label]))
+
+
+def _evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
+    """How old what rules ``health``'s prediction for ``req`` is: the cut penalty's age
+    when the penalty covers ``req``'s prompt, else the last sample's. Short prompts that a
+    target keeps serving refresh its samples, but say nothing about the long prompts it
+    was cut on; without this, a target that hung on long prompts was never re-tried with
+    one, and kept none of them until its penalty had decayed (a minute and more)."""
+    penalized = health.ttft_penalty > 1.0 and req.prompt_tokens >= health.ttft_penalty_from_tokens
+    if penalized and health.ttft_penalty_age_s is not None:
+        return health.ttft_penalty_age_s
+    return health.ttft_age_s or 0.0
+
+
+def _rescuable(
+    req: RouteRequest, candidates: Sequence[Target], healths: dict[str, TargetHealth]
+) -> bool:
+    """Whether some target could still meet the TTFT objective at its p99 after the
+    first was cut at the latest useful moment (``deadlines.MIN_SHARE``). If none could,
+    the first target must meet the objective alone, so feasible means its ``alone_z``
+    tail meets it: end to end, 800 ms requests sent to a local box feasible at its p90
+    and queued there missed, premium (p99 ~800 ms) too slow to rescue them."""
+    if req.slo_ttft_ms is None:
+        return True
+    room = (1.0 - MIN_SHARE) * req.slo_ttft_ms / 1000.0 - SWITCH_S
+    for target in candidates:
+        tail = ttft_tail_s(req, healths[target.label], RESERVE_Z)
+        if tail is not None and tail <= room:
+            return True
+    return False
 
 
 def _cost_or_inf(req: RouteRequest, target: Target) -> float:
@@ -186,6 +227,38 @@ def _explore_one_unknown(
     for target in ordered[0 if not keep else 1 :]:
         over[target.label] = _BUSY_UNMEASURED
     return ordered[0] if ordered else None
+
+
+def _unknowns_behind_close(
+    req: RouteRequest,
+    missing: Sequence[Target],
+    healths: dict[str, TargetHealth],
+    over: dict[str, float],
+) -> None:
+    """Rank each unmeasured (or only ever cut) target just after the closest measured
+    target that is pricier and whose *median* prediction meets the objective (in
+    ``over``). Nothing feasible means the objective is tight; a cheap unknown is more
+    likely a slow target than a fast one, and the measured target usually meets it (at
+    start-up, premium: median 540 ms, tail 890 ms against 800 ms, was ranked after three
+    unknown cheaper targets that were each cut in turn). An unknown target pricier than
+    every such one keeps its place before them: it may be the fast target a loaded cheap
+    one should spill over to."""
+    if req.slo_ttft_ms is None:
+        return
+    close = [
+        t
+        for t in missing
+        if over[t.label] not in (_BUSY_UNMEASURED, _CUT_ONLY)
+        and (first := ttft_s(req, healths[t.label])) is not None
+        and first * 1000.0 <= req.slo_ttft_ms
+    ]
+    for target in missing:
+        if over[target.label] not in (_BUSY_UNMEASURED, _CUT_ONLY):
+            continue
+        cost = _cost_or_inf(req, target)
+        pricier = [over[t.label] for t in close if _cost_or_inf(req, t) > cost]
+        if pricier:
+            over[target.label] = math.nextafter(min(pricier), math.inf)
 
 
 def _with_deadlines(
@@ -229,12 +302,23 @@ def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     first, whole = ttft_tail_s(req, health, z), total_s(req, health, z)
     if first is None and health.in_flight > 0:
         return _BUSY_UNMEASURED
+    if first is not None and _cut_only(health):
+        # Never measured, only cut: its floor x penalty says "slower than the wait", a
+        # bound, not a prediction. As one it made a target cut once at 0.6 s look like
+        # 1.2 s, feasible for 3 s, and the rescue of every cut of the local box at
+        # start-up (its real median: 1.8 s).
+        return _CUT_ONLY
     ratios = [0.0]
     if first is not None and req.slo_ttft_ms is not None:
         ratios.append(first * 1000 / max(req.slo_ttft_ms, 1e-9))
     if whole is not None and req.slo_total_ms is not None:
         ratios.append(whole * 1000 / max(req.slo_total_ms, 1e-9))
     return max(ratios)
+
+
+def _cut_only(health: TargetHealth) -> bool:
+    """Known only from cut attempts (``predict.ttft_s`` falls back to the floor)."""
+    return health.ttft_s is None and health.ttft_base_s is None and health.ttft_floor_s is not None
 
 
 def _predicted(req: RouteRequest, health: TargetHealth, z: float) -> str:

@@ -133,6 +133,22 @@ def test_the_hedge_leaves_the_second_target_its_predicted_ttft_between_p90_and_p
     assert hang.hedge_window_s(0.0) == pytest.approx(0.4)
 
 
+def test_the_hedge_leaves_a_measured_second_target_its_p99():
+    """A mid-priced first target (1.1 s, spread 0.4) and a premium backup (0.35 s, spread
+    0.35) under a 3 s objective: the hedge starts when premium's p99 (0.79 s) and the
+    switch are all that is left (2.16 s), not when only its mean is (2.6 s: about half
+    of those rescues came too late)."""
+    plan = [target(Upstream("a")), target(Upstream("b"))]
+    health = Health(
+        a=TargetHealth(ttft_s=1.1, ttft_spread=0.4),
+        b=TargetHealth(ttft_s=0.35, ttft_spread=0.35),
+    )
+    deadline = hedged_first(SLO_3S, plan, health, 0.1)
+    b_p99 = 0.35 * math.exp(RESERVE_Z * 0.35)
+    assert deadline.hedge.after_s == pytest.approx(3.0 - b_p99 - 0.05)
+    assert deadline.hedge.after_s > p90(1.1, 0.4)  # still no sooner than a's patience
+
+
 @pytest.mark.parametrize(
     ("req", "share", "b_ttft", "count"),
     [

@@ -178,11 +178,11 @@ def test_cut_attempts_raise_a_decaying_penalty_not_the_fits():
     stats.observe_ttft("a", 2.0, prompt_tokens=10, in_flight=0)  # a real sample clears it
     assert stats.health("a").ttft_penalty == 1.0
     for _ in range(2):  # the second was sent after the first was cut: it compounds
-        clock.advance(1.0)
-        stats.attempt_finished(
-            "a", error="AttemptDeadlineError", ttft_s=0.6, retryable=False, prompt_tokens=10
+        clock.advance(30.0)
+        stats.attempt_finished(  # 20 s for a 2 s target: far beyond its p99
+            "a", error="AttemptDeadlineError", ttft_s=20.0, retryable=False, prompt_tokens=10
         )
-    twice = CUT_FACTOR * (1 + (CUT_FACTOR - 1) * 0.5 ** (1 / 30))  # 1 s of decay between
+    twice = CUT_FACTOR * (1 + (CUT_FACTOR - 1) * 0.5 ** (30 / 30))  # 30 s of decay between
     cut = stats.health("a")
     assert cut.ttft_penalty == pytest.approx(twice) and stats.ttft_model("a").predict(10) == 2.0
     assert cut.ttft_penalty_from_tokens == 5  # half the prompt cut
@@ -192,16 +192,58 @@ def test_cut_attempts_raise_a_decaying_penalty_not_the_fits():
     stats.observe_ttft("a", 2.0, prompt_tokens=4)  # a smaller prompt served: still cut
     assert stats.health("a").ttft_penalty == pytest.approx(twice)
     stats.attempt_finished(  # sent with those two, before the last cut: no new evidence
-        "a", error="AttemptDeadlineError", ttft_s=1.5, retryable=False, prompt_tokens=10
+        "a", error="AttemptDeadlineError", ttft_s=21.5, retryable=False, prompt_tokens=10
     )
     assert stats.health("a").ttft_penalty == pytest.approx(twice)
-    assert stats.health("a").ttft_floor_s == 1.5
+    assert stats.health("a").ttft_floor_s == 21.5
     clock.advance(30)  # one half-life: the excess over 1 halves
     assert stats.health("a").ttft_penalty == pytest.approx(1 + (twice - 1) / 2)
     clock.advance(300)
     assert stats.health("a").ttft_penalty == 1.0
     stats.attempt_finished("a", error="UpstreamTimeoutError", ttft_s=9.0, retryable=False)
     assert stats.health("a").ttft_penalty == 1.0  # failures are not cuts
+
+
+def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
+    """A deadline cut comes at the target's p90 or later (its patience): it starts the
+    penalty. A cut sooner (a hedge's loser stopped when the backup answered, a probe cut
+    at the slack) is weak evidence: alone it leaves the predictions as they are, a second
+    in a row (no real sample between) starts the penalty, and a sample between clears
+    the first."""
+    clock = FakeClock()
+    stats = LatencyStats(clock, alpha=1.0, prior_tokens=0)
+    stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
+    spread = stats.health("a").ttft_spread
+    p90, p75 = math.exp(1.2816 * spread), math.exp(0.6745 * spread)
+    assert stats.cut_surprise("a", p90, 100, 0) == pytest.approx(1.0, abs=1e-3)
+    assert stats.cut_surprise("a", p75, 100, 0) == pytest.approx(-math.log10(0.25), abs=1e-3)
+
+    def cut(waited_s: float) -> float:
+        clock.advance(waited_s + 0.1)
+        stats.attempt_finished(
+            "a", error="AttemptDeadlineError", ttft_s=waited_s, retryable=False, prompt_tokens=100
+        )
+        return stats.health("a").ttft_penalty
+
+    assert cut(p75) == 1.0
+    assert cut(p75) == CUT_FACTOR  # 0.6 + 0.6 >= 1
+    stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
+    assert cut(p75) == 1.0  # the sample between cleared the first
+    stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
+    assert cut(p90 * 1.001) == CUT_FACTOR  # at its patience: at once
+
+
+def test_early_cuts_together_start_one_penalty():
+    clock = FakeClock()
+    stats = LatencyStats(clock, alpha=1.0, prior_tokens=0)
+    stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
+    p75 = math.exp(0.6745 * stats.health("a").ttft_spread)
+    clock.advance(p75)
+    for _ in range(3):  # sent together, cut together
+        stats.attempt_finished(
+            "a", error="AttemptDeadlineError", ttft_s=p75, retryable=False, prompt_tokens=100
+        )
+    assert stats.health("a").ttft_penalty == CUT_FACTOR
 
 
 @given(st.lists(st.floats(0, 100), max_size=30), st.floats(0, 1000))
@@ -281,6 +323,21 @@ def test_a_healthy_target_gets_its_patience_even_when_the_next_is_about_as_quick
     assert deadline.window_s(0.0) == pytest.approx(0.45 * math.exp(1.2816 * 0.4))  # its p90
     fast = Health(a=TargetHealth(ttft_s=0.01), b=TargetHealth(ttft_s=0.6))
     assert first_token_deadlines(req, [tgt("a"), tgt("b")], fast)["a/m"].patience_s == 0.25
+
+
+def test_without_a_sure_rescue_a_target_past_its_p99_is_left_while_the_next_mean_fits():
+    """A local box measured idle (0.48 s, spread 0.5) before a mid target whose p99 (2.4
+    s) leaves too little of a 3 s objective to cut by the slack: the box is given its own
+    p99 (1.54 s), not the whole objective; past that it is queued, and mid (mean 0.83 s)
+    still likely meets the objective. When mid's mean no longer fits after the box's
+    p99, the box keeps its hang patience (the objective)."""
+    req = RouteRequest(model="alias", slo_ttft_ms=3000)
+    box = TargetHealth(ttft_s=0.48, ttft_spread=0.5)
+    health = Health(box=box, mid=TargetHealth(ttft_s=0.83, ttft_spread=0.45))
+    got = first_token_deadlines(req, [tgt("box"), tgt("mid")], health)["box/m"]
+    assert got == Deadline(0.0, pytest.approx(0.48 * math.exp(2.3263 * 0.5)))
+    slow = Health(box=box, mid=TargetHealth(ttft_s=1.5, ttft_spread=0.45))
+    assert first_token_deadlines(req, [tgt("box"), tgt("mid")], slow)["box/m"] == Deadline(0.0, 3.0)
 
 
 def test_no_objective_no_deadlines_unmeasured_gets_the_slack_else_hang_patience():
@@ -381,6 +438,94 @@ def test_with_nothing_measured_an_own_objective_follows_the_configured_order():
     tight = RouteRequest(model="alias", slo_ttft_ms=500)
     plan = Slo().plan(tight, candidates, Health(dear=FAST), FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["dear", "mid", "cheap"]
+
+
+def test_a_target_penalized_for_long_prompts_is_re_tried_with_one_once_its_cut_is_stale():
+    """Short prompts keep a target's samples fresh, but its penalty for long prompts is
+    only as fresh as its last cut: a long request may explore it again 10 s after that
+    cut, a short one (not covered by the penalty) sees the fresh samples, and a recent
+    cut is not re-tried."""
+    long_req = msgspec.structs.replace(LOOSE, prompt_tokens=4000)
+    candidates = [tgt("cheap", 0.1), tgt("dear", 5.0)]
+
+    def penalized(cut_age_s: float) -> TargetHealth:
+        return TargetHealth(
+            ttft_s=4.0,
+            ttft_age_s=0.5,
+            ttft_penalty=16.0,
+            ttft_penalty_from_tokens=1000,
+            ttft_penalty_age_s=cut_age_s,
+        )
+
+    def first(req: RouteRequest, cut_age_s: float) -> str:
+        health = Health(cheap=penalized(cut_age_s), dear=FAST)
+        return Slo().plan(req, candidates, health, FixedRandom(0.01))[0].target.provider_name
+
+    assert first(long_req, 12.0) == "cheap"  # covered, stale cut: explored
+    assert first(long_req, 3.0) == "dear"  # the cut is recent
+    assert first(LOOSE, 12.0) == "dear"  # below the penalty's prompt: fresh samples
+
+
+def test_cheaper_unknowns_rank_after_a_measured_target_whose_median_meets_a_tight_objective():
+    """Nothing is feasible for an 800 ms request (dear's tail is 880 ms): dear, whose median
+    meets it, comes before the cheaper unmeasured targets, which are likelier slow than
+    fast; a dearer unknown keeps its place before it (spill-over to a fast new target)."""
+    tight = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=800)
+    dear = TargetHealth(ttft_s=0.54, ttft_spread=0.38, ttft_age_s=0.0)
+    busy = TargetHealth(in_flight=1)
+    candidates = [tgt("dear", 5.0), tgt("cheap", 0.1), tgt("mid", 1.0), tgt("dearest", 9.0)]
+    health = Health(dear=dear, cheap=busy, mid=busy, dearest=busy)
+    plan = Slo().plan(tight, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["dearest", "dear", "cheap", "mid"]
+    slow = Health(dear=TargetHealth(ttft_s=0.9, ttft_age_s=0.0), cheap=busy, mid=busy)
+    plan = Slo().plan(tight, candidates[:3], slow, FixedRandom(0.9))  # median misses too
+    assert [r.target.provider_name for r in plan] == ["cheap", "mid", "dear"]
+    # A measured box, cheapest of all and closer than dear: the unknowns still go behind
+    # dear (the closest measured target pricier than they are), not just behind the box.
+    box = TargetHealth(ttft_s=0.3, ttft_spread=0.45, ttft_age_s=0.0, in_flight=2)
+    with_box = [*candidates, tgt("box", 0.05)]
+    health = Health(dear=dear, cheap=busy, mid=busy, dearest=busy, box=box)
+    plan = Slo().plan(tight, with_box, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["dearest", "box", "dear", "cheap", "mid"]
+
+
+def test_without_a_rescue_the_first_target_must_meet_the_objective_at_its_p99():
+    """800 ms: nothing could still meet it after a cut (premium's p99 is 0.8 s), so a box
+    feasible at its p90 (0.41 s x e^(1.28 x 0.47) = 0.75 s) but not at its p99 (1.24 s)
+    is not sent the request; at 3 s premium could rescue a cut, and the box's p90
+    decides (it is chosen)."""
+    box = TargetHealth(ttft_s=0.41, ttft_spread=0.47, ttft_age_s=0.0)
+    premium = TargetHealth(ttft_s=0.35, ttft_spread=0.35, ttft_age_s=0.0)
+    candidates = [tgt("premium", 5.0), tgt("box", 0.05)]
+    health = Health(premium=premium, box=box)
+    tight = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=800)
+    assert Slo().plan(tight, candidates, health, FixedRandom(0.9))[0].target.provider_name == (
+        "premium"
+    )
+    assert Slo().plan(LOOSE, candidates, health, FixedRandom(0.9))[0].target.provider_name == (
+        "box"
+    )
+    quiet = Health(premium=premium, box=msgspec.structs.replace(box, ttft_spread=0.2))
+    plan = Slo().plan(tight, candidates, quiet, FixedRandom(0.9))
+    assert plan[0].target.provider_name == "box"  # p99 0.66 s: it meets 800 ms alone
+    same_z = Slo(SloStrategy(alone_z=0.0)).plan(tight, candidates, health, FixedRandom(0.9))
+    assert same_z[0].target.provider_name == "box"  # never below tail_z: the p90 decides
+
+
+def test_a_target_only_ever_cut_is_no_feasible_rescue():
+    """budget was cut once at 0.6 s and never measured: floor x penalty (1.2 s) is a
+    bound, not a prediction, so it ranks after the measured feasible targets (and after
+    an unmeasured one), not as the cheapest target meeting 3 s."""
+    cut_once = TargetHealth(ttft_floor_s=0.6, ttft_penalty=2.0, in_flight=0)
+    candidates = [tgt("premium", 5.0), tgt("mid", 1.0), tgt("budget", 0.3), tgt("new", 0.2)]
+    health = Health(
+        premium=FAST,
+        mid=TargetHealth(ttft_s=1.0, ttft_age_s=0.0),
+        budget=cut_once,
+        new=TargetHealth(in_flight=1),
+    )
+    plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["mid", "premium", "new", "budget"]
 
 
 def test_only_cheaper_targets_are_explored():

@@ -464,9 +464,11 @@ def test_slo_predicts_from_the_prompt_and_the_tail():
         "slo: cheapest meeting ttft<=4000ms (predicted 1.1s (tail 2.1s), $0.00062 est.)"
     )
     long = Slo().plan(summarise(30_000), candidates, health, random.Random(0))
-    # cheap: 0.8 + 1.8 = 2.6 s, under 4 s on average, but its tail is 4.9 s; steady: 1.6 s
+    # cheap: 0.8 + 1.8 = 2.6 s, under 4 s on average, but its tail misses; steady: 1.6 s.
+    # No target could rescue a cut at its p99 (steady's, 3.5 s, over the 2.95 s left), so
+    # the tail that decides is the p99: 2.6 x e^(2.33 x 0.5) = 8.3 s (the p90: 4.9 s).
     assert names(long) == ["steady", "cheap"]
-    assert long[1].reason == "slo: misses ttft<=4000ms; closest left (predicted 2.6s (tail 4.9s))"
+    assert long[1].reason == "slo: misses ttft<=4000ms; closest left (predicted 2.6s (tail 8.3s))"
     # The mean alone (z = 0) would send the long prompt to the cheap model.
     assert names(Slo(z=0).plan(summarise(30_000), candidates, health, random.Random(0))) == [
         "cheap",
