@@ -19,12 +19,11 @@ target has:
   cuts' surprise, added up (a real sample clears it), reaches ``EVIDENCE`` (1): a
   deadline cut comes at the target's patience, its p90 or later, and starts it at once,
   as before; a cut sooner, a hedge's loser stopped because the backup answered first or
-  an exploration probe cut at the slack, is weak evidence and needs another in a row or
-  alongside (late together, they start one penalty, not two). Doubling a target's
-  predictions for a hedge it lost at its median kept a mid-priced target off long
-  prompts. (A threshold of 2, one cut past the p99 or two in the tail, let more long
-  prompts stay on that target end to end, but cost the simulator's `summarise` class a
-  point of attainment: 99.0% to 98.0%.)
+  an exploration probe cut at the slack, is weak evidence (a loser is stopped when the
+  backup answers, often before its own median) and needs another in a row or alongside
+  (late together, they start one penalty, not two). (A threshold of 2, one cut past the
+  p99 or two in the tail, kept more long prompts on a mid-priced target end to end, but
+  cost the simulator's `summarise` class a point of attainment: 99.0% to 98.0%.)
 - a *floor*: the longest wait cut recently, what a target never measured is predicted
   at (times the penalty) instead of "unmeasured, try it";
 - the *prompt size* it concerns: the smallest prompt (in tokens) among the cut attempts.

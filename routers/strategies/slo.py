@@ -38,6 +38,8 @@ class Slo:
     and with the requests the target holds now (its load factor). A target whose mean
     just meets a 4 s objective misses it about half the time; one whose 90th percentile
     meets it, about one time in ten at worst, and only for the requests nearest the limit.
+    When no target could still meet the objective after the first was cut
+    (``_rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final.
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     closest to the objective first (smallest ratio of tail prediction to objective: with
@@ -49,7 +51,10 @@ class Slo:
     (the exploration rule below, without the draw), and otherwise ranks unmeasured
     targets just after the feasible ones, in the configured order. At start-up, with
     nothing measured, such requests follow the operator's order (as ``priority``), not a
-    chain of unknown targets that each take the whole objective before being cut.
+    chain of unknown targets that each take the whole objective before being cut. With
+    nothing feasible, an unmeasured (or only ever cut) target ranks after any pricier
+    measured one whose median meets the objective (``_unknowns_behind_close``). A target
+    only ever cut is never feasible: its floor is a bound, not a prediction.
 
     Exploration (``_probe``): an estimate is only corrected by new samples, and a target
     predicted to miss gets none. So a request with slack (its own objective, at least
@@ -197,8 +202,9 @@ def _rescuable(
         return True
     room = (1.0 - MIN_SHARE) * req.slo_ttft_ms / 1000.0 - SWITCH_S
     for target in candidates:
-        tail = ttft_tail_s(req, healths[target.label], RESERVE_Z)
-        if tail is not None and tail <= room:
+        health = healths[target.label]
+        tail = ttft_tail_s(req, health, RESERVE_Z)
+        if tail is not None and tail <= room and not _cut_only(health):
             return True
     return False
 

@@ -510,6 +510,11 @@ def test_without_a_rescue_the_first_target_must_meet_the_objective_at_its_p99():
     assert plan[0].target.provider_name == "box"  # p99 0.66 s: it meets 800 ms alone
     same_z = Slo(SloStrategy(alone_z=0.0)).plan(tight, candidates, health, FixedRandom(0.9))
     assert same_z[0].target.provider_name == "box"  # never below tail_z: the p90 decides
+    # A target only ever cut (floor 0.2 s x penalty 2) is no rescue, however quick it looks.
+    cut_once = TargetHealth(ttft_floor_s=0.2, ttft_penalty=2.0)
+    with_cut = Health(premium=premium, box=box, cut=cut_once)
+    plan = Slo().plan(tight, [*candidates, tgt("cut", 1.0)], with_cut, FixedRandom(0.9))
+    assert plan[0].target.provider_name == "premium"
 
 
 def test_a_target_only_ever_cut_is_no_feasible_rescue():
