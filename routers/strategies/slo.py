@@ -197,17 +197,18 @@ def _rescuable(
     req: RouteRequest, candidates: Sequence[Target], healths: dict[str, TargetHealth]
 ) -> bool:
     """Whether some target could still meet the TTFT objective at its p99 after the
-    first was cut at the latest useful moment (``deadlines.MIN_SHARE``). If none could,
-    the first target must meet the objective alone, so feasible means its ``alone_z``
-    tail meets it: end to end, 800 ms requests sent to a local box feasible at its p90
-    and queued there missed, premium (p99 ~800 ms) too slow to rescue them."""
+    first was cut at the latest useful moment (``deadlines.MIN_SHARE``), or may (one
+    never measured: it may be the fast one). If none could, the first target must meet
+    the objective alone, so feasible means its ``alone_z`` tail meets it: end to end,
+    800 ms requests sent to a local box feasible at its p90 and queued there missed,
+    premium (p99 ~800 ms) too slow to rescue them."""
     if req.slo_ttft_ms is None:
         return True
     room = (1.0 - MIN_SHARE) * req.slo_ttft_ms / 1000.0 - SWITCH_S
     for target in candidates:
         health = healths[target.label]
         tail = ttft_tail_s(req, health, RESERVE_Z)
-        if tail is not None and tail <= room and not _cut_only(health):
+        if tail is None or (tail <= room and not _cut_only(health)):
             return True
     return False
 
