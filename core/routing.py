@@ -68,9 +68,6 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # How much longer than at no load the target takes to start a request dispatched now,
     # from its learnt latency-vs-concurrency curve (``policies.load``): 1.0 = as at no load.
     ttft_load_factor: float = 1.0
-    # The most requests in flight any fresh load sample was dispatched with (None: none):
-    # beyond it the load factor is extrapolated, not measured.
-    load_sampled_to: int | None = None
     # Seconds since the target's last TTFT sample (None: unmeasured): how stale its
     # estimates are, for exploration.
     ttft_age_s: float | None = None

@@ -160,15 +160,6 @@ class LoadCurve:
             factor = max(factor, _extend(points[-2:], factors[-2:], in_flight))
         return min(factor, MAX_FACTOR)
 
-    def sampled_to(self, label: str) -> int | None:
-        """The most requests in flight that fresh samples of ``label`` were dispatched
-        with, to the band's lower edge (None: none): beyond it the curve is extrapolated."""
-        now = self._clock.now()
-        fresh = [
-            i for i, band in self._bands.get(label, {}).items() if not self._stale(band.at, now)
-        ]
-        return BAND_EDGES[max(fresh)] if fresh else None
-
     def _points(self, label: str) -> list[_Level]:
         """Fresh bands after the isotonic fit, least loaded first."""
         now = self._clock.now()

@@ -85,11 +85,8 @@ class Slo:
                 for i, (t, cost) in enumerate(by_cost(req, candidates))
             ]
         healths = {t.label: health.health(t.label) for t in candidates}
-        rescuable = _rescuable(goal, candidates, healths)
-        z = self.z if rescuable else self.alone_z
+        z = self.z if _rescuable(goal, candidates, healths) else self.alone_z
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
-        if not rescuable:
-            _unsampled_load_unmeasured(candidates, healths, over)
         own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
         feasible = by_cost(goal, [t for t in candidates if over[t.label] <= 1.0])
@@ -211,22 +208,6 @@ def _rescuable(
         if tail is None or (tail <= room and not _cut_only(health)):
             return True
     return False
-
-
-def _unsampled_load_unmeasured(
-    candidates: Sequence[Target], healths: dict[str, TargetHealth], over: dict[str, float]
-) -> None:
-    """For a request no target could rescue: a target holding more requests than any of
-    its load samples was sent with counts as unmeasured (in ``over``). Its load factor
-    there is extrapolated, and a miss is final: at start-up a local box sampled idle was
-    the "closest" target for 800 ms requests while its queue, never sampled, grew. (For
-    every request this kept managed targets from the loads they had to be measured at,
-    session 11; only requests without a rescue pay for it here.)"""
-    for target in candidates:
-        health = healths[target.label]
-        sampled = health.load_sampled_to
-        if sampled is not None and health.in_flight > sampled:
-            over[target.label] = _BUSY_UNMEASURED
 
 
 def _cost_or_inf(req: RouteRequest, target: Target) -> float:
