@@ -76,6 +76,10 @@ class BatchRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         # Items whose result could not be stored, by (batch id, line), until handed back.
         self._orphans: dict[tuple[str, int], Claim] = {}
+        # Claims and hand-backs of orphans take turns: a hand-back (``retry_later``, which
+        # matches the owner only) landing after this runner claimed the same item again
+        # would release the new hold mid-run, and the item would run a third time.
+        self._holds = asyncio.Lock()
         self._wake = asyncio.Event()  # new work may be claimable
         self._books = asyncio.Event()  # bookkeeping is due
         self._slot = asyncio.Event()
@@ -157,11 +161,13 @@ class BatchRunner:
         self.store.retention_s = settings.retention_s
         self.store.webhooks = settings.webhooks
         free = settings.concurrency - len(self._tasks)
-        claims = await self.store.claim(self.owner, free, settings.lease_s)
+        async with self._holds:
+            claims = await self.store.claim(self.owner, free, settings.lease_s)
+            for item in claims:
+                # An orphan whose lease ran out and that this runner claimed again is held
+                # afresh: handing the old hold back would release the new one mid-run.
+                self._orphans.pop(_key(item), None)
         for item in claims:
-            # An orphan whose lease ran out and that this runner claimed again is held
-            # afresh: handing the old hold back would release the new one mid-run.
-            self._orphans.pop(_key(item), None)
             task = asyncio.create_task(self._run(item))
             self._tasks.add(task)
             task.add_done_callback(self._done)
@@ -282,11 +288,9 @@ class BatchRunner:
                 _log.exception("batch.renew_failed")
 
     async def _hand_back_orphans(self) -> None:
-        for key, item in list(self._orphans.items()):
-            if self._orphans.get(key) is not item:
-                continue  # claimed again meanwhile (see ``_turn``)
-            await self.store.retry_later(self.owner, item, 0.0)
-            if self._orphans.get(key) is item:
+        async with self._holds:
+            for key, item in list(self._orphans.items()):
+                await self.store.retry_later(self.owner, item, 0.0)
                 del self._orphans[key]
 
 

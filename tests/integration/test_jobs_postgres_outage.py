@@ -229,6 +229,7 @@ def test_the_routes_answer_503_while_postgres_is_down_and_the_batch_finishes_aft
             assert chat.choices[0].message.content  # interactive traffic does not notice
             time.sleep(upstream.slow_seconds * 3)  # the running items answer meanwhile
 
+            started = set(calls(upstream, "cut-"))  # nothing new is claimed while it is down
             cut_off.run(cut_off.proxy.start())
             batch = ended(sdk, batch_id)
             assert batch.status == "completed" and batch.request_counts.completed == ITEMS
@@ -237,9 +238,13 @@ def test_the_routes_answer_503_while_postgres_is_down_and_the_batch_finishes_aft
             assert answered == ids  # every item once, in input order
             ran = calls(upstream, "cut-")
             assert set(ran) == set(ids)
-            # Items whose answer could not be recorded ran again (at least once): at most
-            # the ones in flight at the cut.
-            assert sum(n - 1 for n in ran.values()) <= CONCURRENCY and max(ran.values()) <= 2
+            # Items whose answer could not be recorded ran again, once: only items that had
+            # started before the store came back (those in flight at the cut, and one whose
+            # answer was being written as the cut fell: its commit's outcome was lost with
+            # the connection; seen once in CI under load, 5 re-runs for 4 in flight).
+            again = {item for item, n in ran.items() if n > 1}
+            assert again <= started and max(ran.values()) <= 2, (ran, started)
+            assert len(again) <= CONCURRENCY + 1, ran
 
 
 def test_a_gateway_started_while_postgres_is_down_serves_batches_once_it_is_back(
