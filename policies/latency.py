@@ -49,7 +49,15 @@ Load. Each TTFT sample may come with the number of requests the gateway already 
 flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
 multiplier per in-flight count from those, and the fits learn from samples divided by
 their multiplier, i.e. the target's no-load TTFT. ``health(label, in_flight)`` hands the
-strategies the multiplier for the count there is now.
+strategies the multiplier for the count there is now, or the larger one that attempts
+still waiting past their p99 imply (``policies.overdue``: a queue seen before it answers).
+
+Cuts. An attempt cut at its first-token deadline is no sample (its TTFT is only known to
+exceed the wait). Cut past the target's p90 it is evidence of a slow-down and goes to the
+cut penalty (``policies.cuts``); cut sooner, it is part of the target's ordinary spread
+and the fits learn it as a censored sample (``policies.ttft_fit.censored``), so a target
+often cut at a tight deadline is not fitted on its quick answers alone. The fits'
+arithmetic lives in ``policies.ttft_fit``.
 """
 
 from __future__ import annotations
@@ -60,8 +68,19 @@ from msgspec import Struct
 
 from core.clock import Clock
 from core.routing import TargetHealth
-from policies.cuts import CutPenalties
+from policies.cuts import EVIDENCE, CutPenalties
 from policies.load import LoadCurve
+from policies.overdue import OVERDUE_Z, OverdueAttempts
+from policies.ttft_fit import (
+    Fit,
+    TtftModel,
+    censored,
+    checked_samples,
+    learn,
+    line,
+    routing_spread,
+    spread_of,
+)
 
 DEFAULT_MAX_AGE_S = 300.0
 CUT_ERROR = "AttemptDeadlineError"  # core.errors: an attempt cut at its first-token deadline
@@ -78,99 +97,6 @@ DEFAULT_RELAX_HALF_LIFE_S = 30.0
 class _Ewma(Struct):
     value: float
     at: float  # clock.now() of the last sample
-
-
-class _Fit(Struct):
-    """Exponentially weighted moments of (prompt tokens x, TTFT y) and the mean square log
-    prediction error; ``weight`` and ``err_weight`` are the decayed sums of the sample
-    weights (from 0: the warm-up)."""
-
-    weight: float
-    mean_x: float
-    mean_y: float
-    var_x: float
-    cov_xy: float
-    err_weight: float
-    err2: float
-    at: float  # clock.now() of the last sample
-    slope: float = 0.0  # seconds per prompt token, remembered (see ``_fit``)
-
-
-class TtftModel(Struct, frozen=True):
-    """TTFT = ``base_s`` + ``per_token_s`` x prompt tokens; ``spread`` is the RMS log
-    prediction error (None until a prediction has been checked)."""
-
-    base_s: float
-    per_token_s: float
-    spread: float | None
-
-    def predict(self, prompt_tokens: int) -> float:
-        return self.base_s + self.per_token_s * prompt_tokens
-
-
-def _line(fit: _Fit) -> tuple[float, float]:
-    """(base, per_token) of the physical fit (see the module docstring)."""
-    slope = fit.slope
-    base = fit.mean_y - slope * fit.mean_x
-    if base < 0:
-        slope, base = (fit.mean_y / fit.mean_x if fit.mean_x > 0 else 0.0), 0.0
-    return base, slope
-
-
-def _learn(fit: _Fit, tokens: float, seconds: float, a: float, prior_tokens: float) -> None:
-    """Fold one sample into ``fit`` (its error first, against the fit before the sample)."""
-    base, slope = _line(fit)
-    predicted = base + slope * tokens
-    ratio = seconds / predicted if predicted > 0 else 0.0
-    if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive
-        error = math.log(ratio)
-        fit.err_weight = (1 - a) * fit.err_weight + a
-        fit.err2 += a / fit.err_weight * (error * error - fit.err2)
-    fit.weight = (1 - a) * fit.weight + a
-    share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
-    # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
-    dx, dy = tokens - fit.mean_x, seconds - fit.mean_y
-    fit.mean_x += share * dx
-    fit.mean_y += share * dy
-    fit.var_x = (1 - share) * (fit.var_x + share * dx * dx)
-    fit.cov_xy = (1 - share) * (fit.cov_xy + share * dx * dy)
-    # Ridge towards the slope known so far: wide-ranging prompts (var >> prior) set it
-    # from the data; prompts of nearly one length leave it nearly where it was, so a
-    # target that now only sees short prompts still knows what long ones cost.
-    prior = prior_tokens**2
-    if fit.var_x + prior > 0:
-        fit.slope = max(0.0, (fit.cov_xy + prior * fit.slope) / (fit.var_x + prior))
-
-
-def _spread(fit: _Fit) -> float | None:
-    return math.sqrt(fit.err2) if fit.err_weight > 0 else None
-
-
-# What a target's spread is believed to be before its own errors say (log TTFT spread of a
-# typical API, 0.3-0.6), and how many checked samples that belief counts as. A target
-# measured once or twice had no spread (its tail was its mean) or a tiny one (two close
-# samples), so a cheap target lucky twice at start-up looked certain to meet 3 s and
-# missed; end to end, most of the misses left came from the first ten seconds.
-PRIOR_SPREAD = 0.5
-PRIOR_SAMPLES = 3.0
-
-
-def routing_spread(spread: float | None, checked: float) -> float:
-    """The spread routing uses: the measured one (None: not checked yet) pooled with the
-    prior as ``PRIOR_SAMPLES`` more samples, over ``checked`` samples' worth of errors."""
-    measured = (spread or 0.0) ** 2 * checked
-    return math.sqrt((measured + PRIOR_SPREAD**2 * PRIOR_SAMPLES) / (checked + PRIOR_SAMPLES))
-
-
-def _checked(fit: _Fit, alpha: float) -> float:
-    """How many samples' errors ``fit``'s spread stands on: n while the decayed weight
-    warms up (1 - (1 - alpha)^n), then the exponential average's effective count."""
-    effective = (2 - alpha) / alpha
-    if fit.err_weight <= 0:
-        return 0.0
-    if alpha >= 1 or fit.err_weight >= 1:
-        return effective
-    return min(effective, math.log(1 - fit.err_weight) / math.log(1 - alpha))
 
 
 class LatencyStats:
@@ -202,10 +128,11 @@ class LatencyStats:
         self.prior_tokens = prior_tokens
         self.load = LoadCurve(clock, load_alpha, max_age_s)
         self.cuts = CutPenalties(clock)
+        self.overdue = OverdueAttempts(clock)
         self._ttft: dict[str, _Ewma] = {}
         self._tpot: dict[str, _Ewma] = {}
-        self._fits: dict[str, _Fit] = {}
-        self._slow: dict[str, _Fit] = {}
+        self._fits: dict[str, Fit] = {}
+        self._slow: dict[str, Fit] = {}
 
     def _update(self, table: dict[str, _Ewma], label: str, sample: float) -> None:
         now = self._clock.now()
@@ -222,12 +149,24 @@ class LatencyStats:
             return None
         return ewma.value
 
-    def _fit(self, fits: dict[str, _Fit], label: str, x: float, y: float, slow: bool) -> None:
+    def _fit(
+        self,
+        fits: dict[str, Fit],
+        label: str,
+        x: float,
+        y: float,
+        slow: bool,
+        err2: float | None = None,
+    ) -> None:
+        """Fold (x, y) into ``label``'s fit; a stale or missing one starts afresh, except
+        for a censored sample (``err2`` given), which only refines a fit there is."""
         now = self._clock.now()
         fit = fits.get(label)
         if fit is None or _stale(fit.at, now, self.slow_max_age_s if slow else self.max_age_s):
-            fit = fits[label] = _Fit(0.0, x, y, 0.0, 0.0, 0.0, 0.0, now)
-        _learn(fit, x, y, self.slow_alpha if slow else self.alpha, self.prior_tokens)
+            if err2 is not None:
+                return
+            fit = fits[label] = Fit(0.0, x, y, 0.0, 0.0, 0.0, 0.0, now)
+        learn(fit, x, y, self.slow_alpha if slow else self.alpha, self.prior_tokens, err2)
         fit.at = now
 
     def observe_ttft(
@@ -287,14 +226,14 @@ class LatencyStats:
             slow = None
         fast = self._fits.get(label)
         if fast is None or _stale(fast.at, now, self.max_age_s):
-            return None if slow is None else TtftModel(*_line(slow), _spread(slow))
-        base, slope = _line(fast)
+            return None if slow is None else TtftModel(*line(slow), spread_of(slow))
+        base, slope = line(fast)
         if slow is not None and self.relax_half_life_s is not None:
             weight = 0.5 ** ((now - fast.at) / self.relax_half_life_s)
-            slow_base, slow_slope = _line(slow)
+            slow_base, slow_slope = line(slow)
             base = weight * base + (1 - weight) * slow_base
             slope = weight * slope + (1 - weight) * slow_slope
-        return TtftModel(base, slope, _spread(fast))
+        return TtftModel(base, slope, spread_of(fast))
 
     def health(self, label: str, in_flight: int = 0) -> TargetHealth:
         """The latency fields of ``label``'s ``TargetHealth`` (the rest at their defaults)
@@ -302,7 +241,7 @@ class LatencyStats:
         simulator both hand the strategies."""
         ttft, tpot = self.estimate(label)
         model = self.ttft_model(label)
-        factor = self.load.factor(label, in_flight)
+        factor = max(self.load.factor(label, in_flight), self.overdue.factor(label))
         penalty, floor, from_tokens = self.cuts.read(label)
         if model is None:
             return TargetHealth(
@@ -317,13 +256,13 @@ class LatencyStats:
                 ttft_penalty_age_s=self.cuts.age_s(label),
             )
         fit = self._fits.get(label)
-        checked = _checked(fit, self.alpha) if fit is not None else 0.0
+        samples = checked_samples(fit, self.alpha) if fit is not None else 0.0
         return TargetHealth(
             ttft_s=ttft,
             tpot_s=tpot,
             ttft_base_s=model.base_s,
             ttft_per_token_s=model.per_token_s,
-            ttft_spread=routing_spread(model.spread, checked),
+            ttft_spread=routing_spread(model.spread, samples),
             in_flight=in_flight,
             ttft_load_factor=factor,
             ttft_age_s=self.sample_age(label),
@@ -333,8 +272,17 @@ class LatencyStats:
             ttft_penalty_age_s=self.cuts.age_s(label),
         )
 
-    def attempt_started(self, label: str) -> None:
-        """Nothing to do before a call."""
+    def attempt_started(
+        self, label: str, *, prompt_tokens: int | None = None, in_flight: int | None = None
+    ) -> int | None:
+        """An attempt sent with ``in_flight`` others at ``label``: registered as waiting
+        for its first token (``policies.overdue``) when the target is measured and the
+        prompt known. Returns the ticket ``attempt_finished`` takes back (None: none)."""
+        predicted = self._predicted(label, prompt_tokens, in_flight or 0)
+        if predicted is None:
+            return None
+        expected, spread, factor = predicted
+        return self.overdue.start(label, expected * math.exp(OVERDUE_Z * spread), factor)
 
     def attempt_finished(
         self,
@@ -345,12 +293,17 @@ class LatencyStats:
         retryable: bool,
         prompt_tokens: int | None = None,
         in_flight: int | None = None,
+        ticket: int | None = None,
     ) -> None:
-        """Successful attempts with a time are TTFT samples (with ``prompt_tokens``, for
+        """The attempt of ``ticket`` (from ``attempt_started``) waits no more. Successful
+        attempts with a time are TTFT samples (with ``prompt_tokens``, for
         the TTFT model too; with ``in_flight``, for the load curve); attempts cut at their
-        deadline (``AttemptDeadlineError``) raise the target's cut penalty (``policies.cuts``:
-        more than the wait, by how much nobody knows, so not a sample); failures are not
-        latency."""
+        deadline (``AttemptDeadlineError``) add to the target's cut evidence (``policies.
+        cuts``: more than the wait, by how much nobody knows) and, cut before they were
+        evidence of anything unusual (surprise below ``EVIDENCE``: ahead of the target's
+        p90), are censored samples of its TTFT model (``policies.ttft_fit.censored``);
+        failures are not latency."""
+        self.overdue.finish(ticket)
         if ttft_s is None:
             return
         if error is None:
@@ -358,6 +311,24 @@ class LatencyStats:
         elif error == CUT_ERROR:
             surprise = self.cut_surprise(label, ttft_s, prompt_tokens, in_flight)
             self.cuts.cut(label, ttft_s, prompt_tokens or 0, surprise)
+            if surprise < EVIDENCE:
+                self._learn_censored(label, ttft_s, prompt_tokens, in_flight or 0)
+
+    def _learn_censored(
+        self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int
+    ) -> None:
+        """Fold a TTFT known to exceed ``waited_s`` into the fits (no-load terms, as samples
+        are), at what the model expects of it; the load curve and penalty are untouched."""
+        predicted = self._predicted(label, prompt_tokens, in_flight)
+        if predicted is None or prompt_tokens is None:
+            return
+        expected, spread, factor = predicted
+        moments = censored(expected / factor, waited_s / factor, spread)
+        if moments is None:
+            return
+        seconds, err2 = moments
+        self._fit(self._fits, label, float(prompt_tokens), seconds, slow=False, err2=err2)
+        self._fit(self._slow, label, float(prompt_tokens), seconds, slow=True, err2=err2)
 
     def cut_surprise(
         self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int | None
@@ -365,17 +336,28 @@ class LatencyStats:
         """``-log10`` of the chance that ``label``, as measured, is still silent after
         ``waited_s`` (``policies.cuts``): its predicted TTFT for the prompt at that load,
         spread as strategies see it. Infinite when unmeasured (a cut is all there is)."""
-        model = self.ttft_model(label)
-        if model is None or prompt_tokens is None:
+        predicted = self._predicted(label, prompt_tokens, in_flight or 0)
+        if predicted is None:
             return math.inf
-        expected = model.predict(prompt_tokens) * self.load.factor(label, in_flight or 0)
-        fit = self._fits.get(label)
-        spread = routing_spread(model.spread, _checked(fit, self.alpha) if fit else 0.0)
+        expected, spread, _ = predicted
         if expected <= 0 or waited_s <= 0 or spread <= 0:
             return math.inf if waited_s > expected else 0.0
         z = math.log(waited_s / expected) / spread
         silent = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(TTFT > waited)
         return -math.log10(max(silent, 1e-12))
+
+    def _predicted(
+        self, label: str, prompt_tokens: int | None, in_flight: int
+    ) -> tuple[float, float, float] | None:
+        """(expected TTFT, spread, load factor) for a prompt sent at ``in_flight``, as
+        strategies see them; None when unmeasured or the prompt is unknown."""
+        model = self.ttft_model(label)
+        if model is None or prompt_tokens is None:
+            return None
+        factor = self.load.factor(label, in_flight)
+        fit = self._fits.get(label)
+        spread = routing_spread(model.spread, checked_samples(fit, self.alpha) if fit else 0.0)
+        return model.predict(prompt_tokens) * factor, spread, factor
 
 
 def _stale(at: float, now: float, max_age_s: float | None) -> bool:

@@ -138,29 +138,28 @@ class Simulation:
             window = math.inf if deadline is None else deadline.window_s(at_s - req.arrival_s)
             if window < MIN_ATTEMPT_WINDOW_S:
                 continue  # its deadline passed before its turn: skipped, as the executor does
-            load = self.board.started(label)
+            sent = self.board.started(label, at_s, req.prompt_tokens)
             outage = next((o for o in self.outages if o.down(label, at_s)), None)
             if outage is not None:
                 at_s += outage.fail_after_s
-                self.board.failed(label, at_s)
+                self.board.failed(label, sent, at_s)
                 failed.append(label)
                 continue
             service = self.models[label].serve(at_s, req, noise)
             if service.ttft_s > window:
-                self.board.cut(label, at_s, window, load, req.prompt_tokens)
+                self.board.cut(label, sent, window, req.prompt_tokens)
                 at_s += window
                 failed.append(label)
                 continue
             end_s = at_s + service.total_s(req.output_tokens)
             self.board.succeeded(
                 label,
-                at_s,
+                sent,
                 service.ttft_s,
                 service.tpot_s,
                 end_s,
                 req.prompt_tokens,
                 req.output_tokens,
-                in_flight=load,
             )
             ttft = at_s - req.arrival_s + service.ttft_s
             return Outcome(req, label, ttft, service.cost_usd, tuple(failed))

@@ -24,6 +24,16 @@ from core.routing import BreakerState, TargetHealth
 from policies.latency import CUT_ERROR, LatencyStats
 
 
+@dataclass(frozen=True)
+class Sent:
+    """One attempt as the board knows it: the in-flight count before it (its load), when
+    it started, and its identity for the events that follow it."""
+
+    load: int
+    start_s: float
+    ident: int
+
+
 @dataclass
 class _Stats:
     in_flight: int = 0
@@ -55,10 +65,11 @@ class HealthBoard:
     trip_after: int = 5
     cooldown_s: float = 15.0
     _stats: dict[str, _Stats] = field(default_factory=dict)
-    _events: list[tuple[float, int, str, str, float, int | None, int | None]] = field(
+    _events: list[tuple[float, int, str, str, float, int | None, int | None, int | None]] = field(
         default_factory=list
     )
     _seq: int = 0
+    _waiting: dict[int, int | None] = field(default_factory=dict)  # attempt -> its ticket
     _now: float = 0.0
     _clock: _SimClock = field(default_factory=_SimClock)
     latency: LatencyStats = field(init=False)
@@ -76,49 +87,60 @@ class HealthBoard:
         value: float = 0.0,
         tokens: int | None = None,
         load: int | None = None,
+        ident: int | None = None,
     ) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (at_s, self._seq, kind, label, value, tokens, load))
+        event = (at_s, self._seq, kind, label, value, tokens, load, ident)
+        heapq.heappush(self._events, event)
 
-    def cut(
-        self, label: str, start_s: float, after_s: float, in_flight: int, prompt_tokens: int
-    ) -> None:
+    def cut(self, label: str, attempt: Sent, after_s: float, prompt_tokens: int) -> None:
         """An attempt the gateway gave up on ``after_s`` into it (its deadline), no token
-        yet: the gateway files the wait as a TTFT sample (a lower bound)."""
-        self._push(start_s + after_s, "cut", label, after_s, prompt_tokens, in_flight)
+        yet: a cut for the latency stats (a lower bound of its TTFT)."""
+        at_s = attempt.start_s + after_s
+        self._push(at_s, "cut", label, after_s, prompt_tokens, attempt.load, attempt.ident)
 
-    def started(self, label: str) -> int:
-        """An attempt sent now; returns the in-flight count before it (its load)."""
+    def started(self, label: str, start_s: float, prompt_tokens: int | None = None) -> Sent:
+        """An attempt sent at ``start_s``: counted in flight now, and from ``start_s`` one
+        of the target's attempts waiting for a first token (``policies.overdue``) until
+        its outcome's event."""
         stats = self._stats[label]
         stats.in_flight += 1
-        return stats.in_flight - 1
+        self._seq += 1
+        attempt = Sent(stats.in_flight - 1, start_s, self._seq)
+        self._push(start_s, "start", label, 0.0, prompt_tokens, attempt.load, attempt.ident)
+        return attempt
 
     def succeeded(
         self,
         label: str,
-        start_s: float,
+        attempt: Sent,
         ttft_s: float,
         tpot_s: float,
         end_s: float,
         prompt_tokens: int | None = None,
         output_tokens: int = 1,
-        in_flight: int | None = None,
     ) -> None:
-        """A served attempt: its first token at ``start_s + ttft_s`` (a TTFT sample, with
-        ``prompt_tokens`` and the ``in_flight`` count it was sent at when given), its last
-        at ``end_s`` (``output_tokens`` decoded at ``tpot_s`` each)."""
-        self._push(start_s + ttft_s, "ttft", label, ttft_s, prompt_tokens, in_flight)
+        """A served attempt: its first token at its start + ``ttft_s`` (a TTFT sample, with
+        ``prompt_tokens`` when given and the load it was sent at), its last at ``end_s``
+        (``output_tokens`` decoded at ``tpot_s`` each)."""
+        at_s = attempt.start_s + ttft_s
+        self._push(at_s, "ttft", label, ttft_s, prompt_tokens, attempt.load, attempt.ident)
         self._push(end_s, "done", label, tpot_s * output_tokens, output_tokens)
 
-    def failed(self, label: str, at_s: float) -> None:
-        self._push(at_s, "fail", label)
+    def failed(self, label: str, attempt: Sent, at_s: float) -> None:
+        self._push(at_s, "fail", label, ident=attempt.ident)
 
     def advance(self, now_s: float) -> None:
         """Apply every observation made up to ``now_s``."""
         self._now = now_s
         while self._events and self._events[0][0] <= now_s:
-            at_s, _, kind, label, value, tokens, load = heapq.heappop(self._events)
+            at_s, _, kind, label, value, tokens, load, ident = heapq.heappop(self._events)
             self._clock.at = at_s
+            if kind == "start":
+                ticket = self.latency.attempt_started(label, prompt_tokens=tokens, in_flight=load)
+                self._waiting[ident or 0] = ticket
+                continue
+            self.latency.overdue.finish(self._waiting.pop(ident or 0, None))
             self._apply(at_s, kind, label, value, tokens, load)
         self._clock.at = now_s
 

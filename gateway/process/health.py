@@ -83,8 +83,9 @@ class TrackerObserver:
     An attempt holds its target (in ``Trackers.load``, and for a local replica in the
     capacity monitor) from its start until it fails or, when it succeeded, until
     ``release()`` at the end of the request (a stream keeps the target busy after its
-    first chunk). Each TTFT sample goes to the latency stats with the count of requests
-    the target held when the attempt started (its load curve's input).
+    first chunk); until its first token it is also one of the target's waiting attempts
+    (``policies.overdue``). Each TTFT sample goes to the latency stats with the count of
+    requests the target held when the attempt started (its load curve's input).
 
     ``prompt_tokens``: the request's prompt estimate (``RouteRequest.prompt_tokens``), set
     once the request is routed; it goes with each TTFT sample to the latency stats, which
@@ -94,12 +95,16 @@ class TrackerObserver:
         self._trackers = trackers
         self._holding: list[str] = []  # labels this request holds, one entry per attempt
         self._sent_at: dict[str, int] = {}  # label -> load when the last attempt started
+        self._tickets: dict[str, int | None] = {}  # label -> the last attempt's waiting ticket
         self.prompt_tokens: int | None = None
 
     def attempt_started(self, label: str) -> None:
         trackers = self._trackers
         trackers.breakers.attempt_started(label)
-        self._sent_at[label] = trackers.load.enter(label)
+        load = self._sent_at[label] = trackers.load.enter(label)
+        self._tickets[label] = trackers.latency.attempt_started(
+            label, prompt_tokens=self.prompt_tokens, in_flight=load
+        )
         self._holding.append(label)
         if trackers.capacity.knows(label):
             trackers.capacity.sent(label)
@@ -116,6 +121,7 @@ class TrackerObserver:
             retryable=retryable,
             prompt_tokens=self.prompt_tokens,
             in_flight=self._sent_at.get(label),
+            ticket=self._tickets.pop(label, None),
         )
         if label not in self._holding:
             return

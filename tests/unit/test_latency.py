@@ -11,13 +11,8 @@ from hypothesis import strategies as st
 
 from core.clock import FakeClock
 from core.routing import TargetHealth
-from policies.latency import (
-    DEFAULT_MAX_AGE_S,
-    PRIOR_SPREAD,
-    LatencyStats,
-    TtftModel,
-    routing_spread,
-)
+from policies.latency import DEFAULT_MAX_AGE_S, LatencyStats
+from policies.ttft_fit import PRIOR_SPREAD, TtftModel, routing_spread
 
 
 def test_first_sample_is_taken_as_is_then_ewma():

@@ -207,16 +207,21 @@ def test_cut_attempts_raise_a_decaying_penalty_not_the_fits():
 def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
     """A deadline cut comes at the target's p90 or later (its patience): it starts the
     penalty. A cut sooner (a hedge's loser stopped when the backup answered, a probe cut
-    at the slack) is weak evidence: alone it leaves the predictions as they are, a second
-    in a row (no real sample between) starts the penalty, and a sample between clears
-    the first."""
+    at the slack) is weak evidence: alone it leaves the penalty as it is (the fits learn
+    it as a censored sample), a second in a row (no real sample between) starts the
+    penalty, and a sample between clears the first. Each wait is a quantile of the
+    prediction as it stands when the attempt is cut."""
     clock = FakeClock()
-    stats = LatencyStats(clock, alpha=1.0, prior_tokens=0)
+    stats = LatencyStats(clock, prior_tokens=0)
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
-    spread = stats.health("a").ttft_spread
-    p90, p75 = math.exp(1.2816 * spread), math.exp(0.6745 * spread)
-    assert stats.cut_surprise("a", p90, 100, 0) == pytest.approx(1.0, abs=1e-3)
-    assert stats.cut_surprise("a", p75, 100, 0) == pytest.approx(-math.log10(0.25), abs=1e-3)
+
+    def at(z: float) -> float:
+        health = stats.health("a")
+        assert health.ttft_base_s is not None and health.ttft_spread is not None
+        return health.ttft_base_s * math.exp(z * health.ttft_spread)
+
+    assert stats.cut_surprise("a", at(1.2816), 100, 0) == pytest.approx(1.0, abs=1e-3)
+    assert stats.cut_surprise("a", at(0.6745), 100, 0) == pytest.approx(-math.log10(0.25), abs=1e-3)
 
     def cut(waited_s: float) -> float:
         clock.advance(waited_s + 0.1)
@@ -225,17 +230,17 @@ def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
         )
         return stats.health("a").ttft_penalty
 
-    assert cut(p75) == 1.0
-    assert cut(p75) == CUT_FACTOR  # 0.6 + 0.6 >= 1
+    assert cut(at(0.6745)) == 1.0
+    assert cut(at(0.6745)) == CUT_FACTOR  # 0.6 + 0.6 >= 1
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
-    assert cut(p75) == 1.0  # the sample between cleared the first
+    assert cut(at(0.6745)) == 1.0  # the sample between cleared the first
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
-    assert cut(p90 * 1.001) == CUT_FACTOR  # at its patience: at once
+    assert cut(at(1.2816) * 1.001) == CUT_FACTOR  # at its patience: at once
 
 
 def test_early_cuts_together_start_one_penalty():
     clock = FakeClock()
-    stats = LatencyStats(clock, alpha=1.0, prior_tokens=0)
+    stats = LatencyStats(clock, prior_tokens=0)
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
     p75 = math.exp(0.6745 * stats.health("a").ttft_spread)
     clock.advance(p75)

@@ -106,8 +106,8 @@ def test_local_tier_is_priced_per_token_from_its_hourly_price() -> None:
 # ---------------------------------------------------------------- health board
 def test_board_learns_only_what_has_happened_by_now() -> None:
     board = HealthBoard(["a/x"], lambda label, now: None)
-    board.started("a/x")
-    board.succeeded("a/x", start_s=0.0, ttft_s=2.0, tpot_s=0.05, end_s=7.0)
+    sent = board.started("a/x", 0.0)
+    board.succeeded("a/x", sent, ttft_s=2.0, tpot_s=0.05, end_s=7.0)
     board.advance(1.0)
     assert board.health("a/x").ttft_s is None and board.health("a/x").in_flight == 1
     board.advance(2.0)
@@ -125,9 +125,10 @@ def test_board_feeds_the_gateways_latency_stats_what_the_gateway_would() -> None
     samples = [(0.0, 1.0, 2000, 0.02, 100), (1.0, 2.5, 30_000, 0.03, 50), (5.0, 0.8, 500, 0.01, 10)]
     loads = []
     for start, ttft, prompt, tpot, output in samples:
-        loads.append(board.started("a/x"))
+        sent = board.started("a/x", start, prompt)
+        loads.append(sent.load)
         end = start + ttft + tpot * output
-        board.succeeded("a/x", start, ttft, tpot, end, prompt, output, in_flight=loads[-1])
+        board.succeeded("a/x", sent, ttft, tpot, end, prompt, output)
     assert loads == [0, 1, 2]
     events = sorted(
         [(s + t, "ttft", t, p, load) for (s, t, p, _, _), load in zip(samples, loads, strict=True)]
@@ -154,18 +155,17 @@ def test_board_feeds_the_gateways_latency_stats_what_the_gateway_would() -> None
 def test_board_breaker_opens_half_opens_and_closes() -> None:
     board = HealthBoard(["a/x"], lambda label, now: None, trip_after=3, cooldown_s=10.0)
     for i in range(3):
-        board.started("a/x")
-        board.failed("a/x", float(i))
+        board.failed("a/x", board.started("a/x", float(i)), float(i))
     board.advance(1.5)
     assert board.breaker("a/x") == "closed"  # two failures so far
     board.advance(2.0)
     assert board.breaker("a/x") == "open"
     board.advance(12.0)
     assert board.breaker("a/x") == "half_open"
-    board.failed("a/x", 12.5)  # the probe fails: open again
+    board.failed("a/x", board.started("a/x", 12.5), 12.5)  # the probe fails: open again
     board.advance(13.0)
     assert board.breaker("a/x") == "open"
-    board.succeeded("a/x", 23.0, 0.5, 0.01, 24.0)
+    board.succeeded("a/x", board.started("a/x", 23.0), 0.5, 0.01, 24.0)
     board.advance(23.5)
     assert board.breaker("a/x") == "closed"
 

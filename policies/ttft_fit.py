@@ -1,0 +1,140 @@
+"""The TTFT model of one target: TTFT = base + per-token slope x prompt tokens, fitted by
+exponentially weighted least squares, with its out-of-sample log error (the spread). The
+fitting rules (ridge towards the known slope, physical lines, warm-up) are explained in
+``policies.latency``'s docstring, which owns these fits.
+
+Censored samples (``censored``): an attempt cut at its first-token deadline after
+``w`` seconds has a TTFT above ``w``, by an unknown amount. Leaving it out biases the fit
+low (only the quick answers are learnt: end to end, ``budget``, median 1.8 s, was cut at
+~2 s four times in ten and its fit read 1.4 s, so it kept being sent 3 s requests it then
+missed). Reading the wait as a sample biases it just as wrongly the other way on a short
+wait. Instead a cut contributes what the current model expects of a TTFT known to exceed
+``w``, as one step of EM for a right-censored log-normal: with ``z = ln(w / predicted) /
+spread`` and the inverse Mills ratio ``lambda(z) = pdf(z) / (1 - cdf(z))``, the expected log
+TTFT is ``ln(predicted) + spread x lambda(z)`` and the expected squared log error
+``spread^2 x (1 + z x lambda(z))``. A cut long before the median says almost nothing
+(lambda ~ 0: the prediction itself, at its own spread); a cut far in the tail says the
+target is at least that slow.
+"""
+
+from __future__ import annotations
+
+import math
+
+from msgspec import Struct
+
+
+class Fit(Struct):
+    """Exponentially weighted moments of (prompt tokens x, TTFT y) and the mean square log
+    prediction error; ``weight`` and ``err_weight`` are the decayed sums of the sample
+    weights (from 0: the warm-up)."""
+
+    weight: float
+    mean_x: float
+    mean_y: float
+    var_x: float
+    cov_xy: float
+    err_weight: float
+    err2: float
+    at: float  # clock.now() of the last sample
+    slope: float = 0.0  # seconds per prompt token, remembered (see ``_fit``)
+
+
+class TtftModel(Struct, frozen=True):
+    """TTFT = ``base_s`` + ``per_token_s`` x prompt tokens; ``spread`` is the RMS log
+    prediction error (None until a prediction has been checked)."""
+
+    base_s: float
+    per_token_s: float
+    spread: float | None
+
+    def predict(self, prompt_tokens: int) -> float:
+        return self.base_s + self.per_token_s * prompt_tokens
+
+
+def line(fit: Fit) -> tuple[float, float]:
+    """(base, per_token) of the physical fit (see the module docstring)."""
+    slope = fit.slope
+    base = fit.mean_y - slope * fit.mean_x
+    if base < 0:
+        slope, base = (fit.mean_y / fit.mean_x if fit.mean_x > 0 else 0.0), 0.0
+    return base, slope
+
+
+def learn(
+    fit: Fit,
+    tokens: float,
+    seconds: float,
+    a: float,
+    prior_tokens: float,
+    err2: float | None = None,
+) -> None:
+    """Fold one sample into ``fit`` (its error first, against the fit before the sample).
+    ``err2``: the squared log error to count, when it is known better than from
+    ``seconds`` (a censored sample's expected one, ``censored``)."""
+    base, slope = line(fit)
+    predicted = base + slope * tokens
+    ratio = seconds / predicted if predicted > 0 else 0.0
+    if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive
+        error2 = math.log(ratio) ** 2 if err2 is None else err2
+        fit.err_weight = (1 - a) * fit.err_weight + a
+        fit.err2 += a / fit.err_weight * (error2 - fit.err2)
+    fit.weight = (1 - a) * fit.weight + a
+    share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
+    # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
+    dx, dy = tokens - fit.mean_x, seconds - fit.mean_y
+    fit.mean_x += share * dx
+    fit.mean_y += share * dy
+    fit.var_x = (1 - share) * (fit.var_x + share * dx * dx)
+    fit.cov_xy = (1 - share) * (fit.cov_xy + share * dx * dy)
+    # Ridge towards the slope known so far: wide-ranging prompts (var >> prior) set it
+    # from the data; prompts of nearly one length leave it nearly where it was, so a
+    # target that now only sees short prompts still knows what long ones cost.
+    prior = prior_tokens**2
+    if fit.var_x + prior > 0:
+        fit.slope = max(0.0, (fit.cov_xy + prior * fit.slope) / (fit.var_x + prior))
+
+
+def spread_of(fit: Fit) -> float | None:
+    return math.sqrt(fit.err2) if fit.err_weight > 0 else None
+
+
+# What a target's spread is believed to be before its own errors say (log TTFT spread of a
+# typical API, 0.3-0.6), and how many checked samples that belief counts as. A target
+# measured once or twice had no spread (its tail was its mean) or a tiny one (two close
+# samples), so a cheap target lucky twice at start-up looked certain to meet 3 s and
+# missed; end to end, most of the misses left came from the first ten seconds.
+PRIOR_SPREAD = 0.5
+PRIOR_SAMPLES = 3.0
+
+
+def routing_spread(spread: float | None, checked: float) -> float:
+    """The spread routing uses: the measured one (None: not checked yet) pooled with the
+    prior as ``PRIOR_SAMPLES`` more samples, over ``checked`` samples' worth of errors."""
+    measured = (spread or 0.0) ** 2 * checked
+    return math.sqrt((measured + PRIOR_SPREAD**2 * PRIOR_SAMPLES) / (checked + PRIOR_SAMPLES))
+
+
+def checked_samples(fit: Fit, alpha: float) -> float:
+    """How many samples' errors ``fit``'s spread stands on: n while the decayed weight
+    warms up (1 - (1 - alpha)^n), then the exponential average's effective count."""
+    effective = (2 - alpha) / alpha
+    if fit.err_weight <= 0:
+        return 0.0
+    if alpha >= 1 or fit.err_weight >= 1:
+        return effective
+    return min(effective, math.log(1 - fit.err_weight) / math.log(1 - alpha))
+
+
+def censored(predicted_s: float, waited_s: float, spread: float) -> tuple[float, float] | None:
+    """(expected TTFT, expected squared log error) of a TTFT known to exceed ``waited_s``
+    under a log-normal around ``predicted_s`` with log spread ``spread`` (see the module
+    docstring); None when any input is not positive."""
+    if not (predicted_s > 0 and waited_s > 0 and spread > 0):
+        return None
+    z = math.log(waited_s / predicted_s) / spread
+    tail = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(TTFT > waited)
+    density = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    # Far in the tail both underflow; the ratio tends to z + 1/z there.
+    mills = density / tail if tail > 1e-12 else z + 1.0 / z
+    return predicted_s * math.exp(spread * mills), spread * spread * (1.0 + z * mills)
