@@ -45,81 +45,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import httpx
 import msgspec
 
 from core.clock import Clock
-from core.config import VllmProviderConfig
-from core.config_routing import SaturationConfig
 from core.routing import UNKNOWN, TargetHealth
-from local_tier.engines import EngineKind, EngineMapping, mapping_for
 from local_tier.prefix_index import PrefixIndex, whole_kv_blocks
-from local_tier.saturation import ReplicaSignals, SaturationRule, estimate
+from local_tier.replicas import Replica, ReplicaSpec, watch
+from local_tier.saturation import ReplicaSignals, estimate
 from local_tier.vllm import metrics as vm
 from local_tier.vllm.metrics import split_page, ttft_totals
 
 _log = logging.getLogger("switchyard.capacity")
 Sleep = Callable[[float], Awaitable[None]]
-
-_DEFAULT_SATURATION = SaturationConfig()
-
-
-def metrics_url(config: VllmProviderConfig) -> str:
-    """``metrics_url`` if set, else ``base_url`` without a trailing ``/v1``, plus ``/metrics``."""
-    if config.metrics_url:
-        return config.metrics_url
-    base = config.base_url.rstrip("/")
-    base = base.removesuffix("/v1")
-    return f"{base}/metrics"
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSpec:
-    """What to watch for one replica. ``slots`` is its batch size (``--max-num-seqs``) when
-    known; otherwise it is learned from polls that show a queue. ``engine`` names the server
-    kind, whose metrics mapping reads its page."""
-
-    metrics_url: str
-    saturation: SaturationConfig = _DEFAULT_SATURATION
-    slots: int | None = None
-    engine: EngineKind = "vllm"
-    block_size: int = 16  # tokens per KV block until its /metrics says (cache_config_info)
-
-    @classmethod
-    def from_provider(cls, config: VllmProviderConfig, slots: int | None = None) -> ReplicaSpec:
-        return cls(metrics_url(config), config.saturation, slots, config.engine, config.block_size)
-
-
-@dataclass
-class _Replica:
-    """Mutable state of one watched replica."""
-
-    spec: ReplicaSpec
-    rule: SaturationRule
-    mapping: EngineMapping
-    snapshot: vm.MetricsSnapshot | None = None
-    saturated: bool = True  # until a first fresh poll says otherwise
-    in_flight: int = 0
-    tokens: int = 0  # prompt tokens of the requests in flight
-    in_flight_at_poll: int = 0  # in_flight and tokens when the snapshot's poll started
-    tokens_at_poll: int = 0
-    learned_slots: int | None = None
-    ttft_s: float | None = None  # EWMA
-    ttft_totals: tuple[float, float] | None = None
-    next_due: float = 0.0
-    failures: int = 0  # consecutive failed polls
-    last_error: str | None = None
-    polls: int = 0  # successful polls
-
-    def slots(self) -> int | None:
-        return self.spec.slots if self.spec.slots is not None else self.learned_slots
-
-
-def _watch(spec: ReplicaSpec) -> _Replica:
-    """Fresh state for a replica to watch (``ValueError`` for an engine without a mapping)."""
-    return _Replica(spec, SaturationRule(spec.saturation), mapping_for(spec.engine))
 
 
 class CapacityMonitor:
@@ -142,7 +81,7 @@ class CapacityMonitor:
         ttft_alpha: float = 0.3,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self._replicas = {label: _watch(spec) for label, spec in replicas.items()}
+        self._replicas = {label: watch(spec) for label, spec in replicas.items()}
         self._client = client
         self._clock = clock
         self.prefix_index = prefix_index
@@ -169,7 +108,7 @@ class CapacityMonitor:
         }
         for label, spec in replicas.items():
             if label not in kept:
-                kept[label] = _watch(spec)
+                kept[label] = watch(spec)
         self._replicas = kept
         if self._task is not None and self._task.done() and self._replicas:
             self._task = asyncio.create_task(self._run(), name="capacity-monitor")
@@ -234,7 +173,7 @@ class CapacityMonitor:
         replica.in_flight_at_poll, replica.tokens_at_poll = in_flight, tokens
         self._take(label, replica, snapshot, ttft_totals(ttft_lines, replica.mapping))
 
-    def _failed(self, label: str, replica: _Replica, exc: BaseException) -> None:
+    def _failed(self, label: str, replica: Replica, exc: BaseException) -> None:
         replica.failures += 1
         replica.last_error = repr(exc)
         if replica.failures == 1:  # once per outage, not ten times a second
@@ -243,7 +182,7 @@ class CapacityMonitor:
     def _take(
         self,
         label: str,
-        replica: _Replica,
+        replica: Replica,
         snapshot: vm.MetricsSnapshot,
         totals: tuple[float, float] | None,
     ) -> None:
@@ -269,7 +208,7 @@ class CapacityMonitor:
             replica.saturated, self._signals(replica), self._clock.now()
         )
 
-    def _take_ttft(self, replica: _Replica, totals: tuple[float, float] | None) -> bool:
+    def _take_ttft(self, replica: Replica, totals: tuple[float, float] | None) -> bool:
         """Blend the mean TTFT of the requests finished since the last poll; True if any."""
         before, replica.ttft_totals = replica.ttft_totals, totals
         if totals is None or before is None:
@@ -280,11 +219,11 @@ class CapacityMonitor:
         self._blend_ttft(replica, added_sum / added_count)
         return True
 
-    def _blend_ttft(self, replica: _Replica, seconds: float) -> None:
+    def _blend_ttft(self, replica: Replica, seconds: float) -> None:
         old = replica.ttft_s
         replica.ttft_s = seconds if old is None else old + self._alpha * (seconds - old)
 
-    def _learn_slots(self, replica: _Replica, snapshot: vm.MetricsSnapshot) -> None:
+    def _learn_slots(self, replica: Replica, snapshot: vm.MetricsSnapshot) -> None:
         # A queue while KV has room (or KV use is unknown: llama.cpp defers a request only when
         # every slot is busy) means the running batch is full: its size is the slots.
         kv = snapshot.kv_cache_usage_perc
@@ -317,7 +256,7 @@ class CapacityMonitor:
             self._blend_ttft(replica, seconds)
 
     # ------------------------------------------------------------------ answers
-    def _signals(self, replica: _Replica) -> ReplicaSignals:
+    def _signals(self, replica: Replica) -> ReplicaSignals:
         snap = replica.snapshot
         if snap is None:
             return ReplicaSignals(read_at=None, in_flight=replica.in_flight)
@@ -342,7 +281,7 @@ class CapacityMonitor:
         """The current estimated signals of ``label`` (KeyError when not watched)."""
         return self._signals(self._replicas[label])
 
-    def _refresh(self, replica: _Replica) -> tuple[ReplicaSignals, bool]:
+    def _refresh(self, replica: Replica) -> tuple[ReplicaSignals, bool]:
         signals = self._signals(replica)
         replica.saturated = replica.rule.update(replica.saturated, signals, self._clock.now())
         return signals, replica.saturated

@@ -29,7 +29,7 @@ from core.wire import (
     RawStreamPart,
     StreamPart,
 )
-from local_tier import serving
+from local_tier import iterators, serving
 from local_tier.jax.api import (
     EngineConfig,
     EngineProtocol,
@@ -154,7 +154,7 @@ class JaxProvider:
         outputs = serving.generate(self._ready_engine(), request, self.name)
         try:
             async with asyncio.timeout(ctx.timeouts.first_token):
-                return await serving.started(outputs)
+                return await iterators.started(outputs)
         except TimeoutError as exc:
             raise UpstreamTimeoutError(
                 "The local model did not start answering in time.", provider=self.name
@@ -185,7 +185,7 @@ class JaxProvider:
             outputs = await self._started(request, ctx)
             meta = serving.new_meta("chatcmpl", engine.model_name)
             chunks = serving.chat_chunks(outputs, meta, req.wants_usage_in_stream())
-            async with serving.owned(chunks):
+            async with iterators.owned(chunks):
                 async for chunk in chunks:
                     yield StreamPart(chunk)
 
@@ -209,7 +209,7 @@ class JaxProvider:
             meta = serving.new_meta("cmpl", engine.model_name)
             usage = bool(req.stream_options and req.stream_options.include_usage)
             parts = serving.completion_stream(outputs, meta, usage)
-            async with serving.owned(parts):
+            async with iterators.owned(parts):
                 async for part in parts:
                     yield part
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import TypeVar
+from contextlib import contextmanager
 
 import msgspec
 from msgspec import Struct
@@ -43,6 +42,7 @@ from core.wire import (
     Usage,
     make_usage,
 )
+from local_tier.iterators import owned
 from local_tier.jax.api import (
     EngineOverloadedError,
     EngineProtocol,
@@ -56,7 +56,6 @@ from local_tier.vllm_extensions import VllmExtensions
 # OpenAI's (and vLLM's) default output cap for legacy completions.
 DEFAULT_COMPLETION_TOKENS = 16
 _encode = msgspec.json.Encoder().encode
-T = TypeVar("T")
 
 
 class ResponseMeta(Struct, frozen=True):
@@ -241,43 +240,6 @@ def engine_errors(provider: str = "") -> Iterator[None]:
         raise UpstreamRateLimitedError(
             exc.message, provider=provider, upstream_status=exc.status, retry_after=1.0
         ) from exc
-
-
-@asynccontextmanager
-async def owned(items: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
-    """Close ``items`` (when it can be closed) on the way out, however the block ends, so an
-    abandoned answer aborts its engine sequence now rather than when it is collected."""
-    try:
-        yield items
-    finally:
-        await aclose(items)
-
-
-async def aclose(items: AsyncIterator[T]) -> None:
-    """Close an async iterator that can be closed (async generators can)."""
-    close = getattr(items, "aclose", None)
-    if close is not None:
-        await close()
-
-
-async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    """``first`` then the items of ``rest`` (closed with this generator)."""
-    async with owned(rest):
-        yield first
-        async for item in rest:
-            yield item
-
-
-async def started(items: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Wait for the first item, then return an iterator of all of them: errors raised before
-    the first output (validation, overload) surface here, before a response starts. On any
-    failure, including cancellation, ``items`` is closed."""
-    try:
-        first = await anext(items)
-    except BaseException:
-        await aclose(items)
-        raise
-    return prepend(first, items)
 
 
 async def generate(

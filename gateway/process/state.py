@@ -18,9 +18,10 @@ from gateway.process.control import GatewayControl, open_control
 from gateway.process.health import Trackers
 from gateway.process.runtime import Progress, Runtime, Stores
 from gateway.process.workers import config_dir, worker_replicas
-from local_tier.capacity import CapacityMonitor, ReplicaSpec
+from local_tier.capacity import CapacityMonitor
 from local_tier.discovery import Discovery, discovered_names
 from local_tier.prefix_index import PrefixIndex
+from local_tier.replicas import ReplicaSpec
 from local_tier.workers import Supervisor
 from policies.admission import AdmissionQueue
 from policies.breaker import SharedBreakers

@@ -1,14 +1,12 @@
 """What the OpenAPI document says about each route: ``OPERATIONS``, one ``Operation`` per
-(method, path) the app serves, and the documentation-only shapes of answers that have no
-wire type of their own. ``gateway.routes.openapi`` builds the document from them."""
+(method, path) the app serves, and the shapes of answers that have no wire type of their own
+(``gateway.routes.openapi_views``). ``gateway.routes.openapi`` builds the document from them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import msgspec
 
 from core.wire import (
     ChatRequest,
@@ -23,9 +21,18 @@ from core.wire import (
 from gateway.dialects.anthropic_messages_body import MessagesBody
 from gateway.dialects.anthropic_messages_wire import ErrorOut, MessageOut
 from gateway.dialects.responses import ResponsesBody
-from policies.goodput import Goodput
+from gateway.routes.openapi_views import (
+    GoodputView,
+    Health,
+    QuotaView,
+    Readiness,
+    Reloaded,
+    TargetsView,
+    TextCompletion,
+    TokenCount,
+    WebhookDeliveryLog,
+)
 from policies.jobs.objects import Batch, BatchCreate, BatchList, FileDeleted, FileList, FileObject
-from policies.jobs.outbox import DeliveryRecord
 
 OPENAPI_PATH = "/openapi.json"
 _JSON = "application/json"
@@ -41,75 +48,6 @@ _SSE_EVENT = {
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
     "required": ["data"],
 }
-
-
-# ---------------------------------------------------------------- documentation-only shapes
-class Health(msgspec.Struct):
-    """``GET /healthz``: the process answers."""
-
-    status: Literal["ok"]
-
-
-class Readiness(msgspec.Struct, omit_defaults=True):
-    """``GET /readyz``: 200 once every enabled provider is ready, else 503 with this body."""
-
-    status: Literal["ready", "starting", "failed"]
-    providers: dict[str, bool]
-    disabled: dict[str, str]
-    error: str | None = None
-
-
-class Reloaded(msgspec.Struct):
-    """``POST /admin/reload``: the aliases the new policy serves."""
-
-    status: Literal["reloaded"]
-    models: list[str]
-
-
-class TargetsView(msgspec.Struct):
-    """``GET /admin/targets``: each target's health, skipped targets, the queue's depth,
-    and the worker processes ``serve`` runs (``workers:``; empty without)."""
-
-    targets: list[dict[str, Any]]
-    skipped: dict[str, list[dict[str, Any]]]
-    queue: dict[str, Any]
-    workers: list[dict[str, Any]] = []
-
-
-class GoodputView(msgspec.Struct):
-    """``GET /admin/goodput``: per alias, the last window's requests, those with a latency
-    objective, those that met it, goodput (met per second) and attainment."""
-
-    window_s: int
-    models: dict[str, Goodput]
-
-
-class QuotaView(msgspec.Struct):
-    """``GET /admin/tenants/{tenant}/quota``: the current use of each limit."""
-
-    tenant: str
-    key_id: str | None
-    limits: dict[str, Any]
-
-
-class WebhookDeliveryLog(msgspec.Struct):
-    """``GET /admin/webhook_deliveries``: batch webhook events, newest first."""
-
-    object: Literal["list"]
-    data: list[DeliveryRecord]
-
-
-class TokenCount(msgspec.Struct):
-    """``POST /v1/messages/count_tokens``: the estimate quotas reserve."""
-
-    input_tokens: int
-
-
-class TextCompletion(msgspec.Struct):
-    """A legacy completion as the upstream answered it (forwarded as is)."""
-
-    choices: list[dict[str, Any]]
-    object: str = "text_completion"
 
 
 # ---------------------------------------------------------------- operations

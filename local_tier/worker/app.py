@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.errors import GatewayError, InvalidRequestError
 from core.wire import ChatRequest, CompletionRequest, ErrorBody, ErrorDetail
-from local_tier import serving
+from local_tier import iterators, serving
 from local_tier.vllm_extensions import decode_body, vllm_extensions
 from local_tier.worker.protocol import (
     DetokenizeRequest,
@@ -71,7 +71,7 @@ def render_error(_: AnyRequest, exc: Exception) -> Response[bytes]:
 async def sse(items: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """``data:`` events, then ``[DONE]``. An error after the stream started becomes an error
     event (the status line is long gone), as vLLM does."""
-    async with serving.owned(items):
+    async with iterators.owned(items):
         try:
             async for data in items:
                 yield b"data: " + data + b"\n\n"
@@ -81,13 +81,13 @@ async def sse(items: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _encoded(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    async with serving.owned(chunks):
+    async with iterators.owned(chunks):
         async for chunk in chunks:
             yield _encode(chunk)
 
 
 async def _raw(parts: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    async with serving.owned(parts):
+    async with iterators.owned(parts):
         async for part in parts:
             yield part.data
 

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from local_tier.iterators import owned
 from local_tier.jax.api import EngineStats, GenerationOutput
-from local_tier.serving import owned
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards line up.
 TTFT_BUCKETS = (

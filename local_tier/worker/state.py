@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from core.config import JaxProviderConfig
 from core.errors import GatewayError, ModelNotFoundError
-from local_tier import serving
+from local_tier import iterators, serving
 from local_tier.jax.api import (
     EngineProtocol,
     EngineStats,
@@ -102,4 +102,4 @@ class WorkerState:
         raise (as ``core.errors``) before any response starts. The outputs are timed for
         the latency histograms and closing them aborts the sequence."""
         outputs = serving.generate(engine, request)
-        return await serving.started(self.metrics.timed(outputs, started))
+        return await iterators.started(self.metrics.timed(outputs, started))

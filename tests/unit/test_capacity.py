@@ -20,12 +20,9 @@ from core.config import VllmProviderConfig
 from core.config_routing import BreakerConfig, SaturationConfig
 from core.routing import UNKNOWN, RouteRequest
 from gateway.process.health import TrackerObserver, Trackers
-from local_tier.capacity import (
-    CapacityMonitor,
-    ReplicaSpec,
-    metrics_url,
-)
+from local_tier.capacity import CapacityMonitor
 from local_tier.prefix_index import PrefixIndex, whole_kv_blocks
+from local_tier.replicas import ReplicaSpec, metrics_url
 from local_tier.vllm.metrics import parse_metrics, split_page, ttft_totals
 from policies.breaker import SharedBreakers
 from policies.latency import LatencyStats

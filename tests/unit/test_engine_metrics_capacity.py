@@ -16,9 +16,10 @@ import pytest
 from core.clock import FakeClock
 from core.config import VllmProviderConfig
 from core.config_routing import SaturationConfig
-from local_tier.capacity import CapacityMonitor, ReplicaSpec
+from local_tier.capacity import CapacityMonitor
 from local_tier.engines import EngineKind
 from local_tier.prefix_index import PrefixIndex
+from local_tier.replicas import ReplicaSpec
 from tests.fixtures.server import ServerThread
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,7 @@ from core.errors import (
     UpstreamServerError,
 )
 from core.wire import ChatRequest, CompletionRequest, encoder
-from local_tier import serving
+from local_tier import iterators, serving
 from local_tier.jax.api import (
     EngineOverloadedError,
     EngineRequestError,
@@ -271,7 +271,7 @@ async def test_closing_the_chunks_closes_the_engine_outputs():
         finally:
             closed.append(True)
 
-    chunks = serving.chat_chunks(serving.prepend(out("a"), engine_outputs()), META, False)
+    chunks = serving.chat_chunks(iterators.prepend(out("a"), engine_outputs()), META, False)
     assert (await anext(chunks)).choices[0].delta.role == "assistant"
     await anext(chunks)
     await anext(chunks)
@@ -309,9 +309,9 @@ async def test_started_surfaces_the_first_error_and_closes():
     bad_req = serving.chat_generation(engine, chat(temperature=0), "r2")
     bad_req.params = SamplingParams(temperature=5.0)
     with pytest.raises(InvalidRequestError) as info:
-        await serving.started(serving.generate(engine, bad_req))
+        await iterators.started(serving.generate(engine, bad_req))
     assert info.value.param == "temperature"
-    answer = await serving.collect(await serving.started(bad))
+    answer = await serving.collect(await iterators.started(bad))
     assert answer.text == engine.reply
     assert engine.finished == ["r"]
     assert engine.aborted == []

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterable
 
 import pytest
 
+from local_tier.iterators import aclose
 from local_tier.jax.api import GenerationOutput
-from local_tier.serving import aclose
 from local_tier.worker.metrics import WorkerMetrics, token_buckets
 
 MODEL = "m"
