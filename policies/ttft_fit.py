@@ -37,7 +37,7 @@ class Fit(Struct):
     err_weight: float
     err2: float
     at: float  # clock.now() of the last sample
-    slope: float = 0.0  # seconds per prompt token, remembered (see ``_fit``)
+    slope: float = 0.0  # seconds per prompt token, remembered (see ``learn``)
 
 
 class TtftModel(Struct, frozen=True):
@@ -53,7 +53,7 @@ class TtftModel(Struct, frozen=True):
 
 
 def line(fit: Fit) -> tuple[float, float]:
-    """(base, per_token) of the physical fit (see the module docstring)."""
+    """(base, per_token) of the physical fit (``policies.latency``'s docstring)."""
     slope = fit.slope
     base = fit.mean_y - slope * fit.mean_x
     if base < 0:
