@@ -327,16 +327,36 @@ def test_prompt_over_the_context_is_vllms_400_and_does_not_spill(
 
 
 # ---------------------------------------------------------------- 2. spill-over
-def _ask(client: openai.OpenAI, number: int) -> tuple[str, str, ChatCompletion]:
+BURST_TOKENS = 48  # long enough on the CPU build that a burst arrives while two are in flight
+
+
+def _ask(client: openai.OpenAI, number: int) -> tuple[str, str, ChatCompletion, str]:
+    """One ``chat`` request; (provider, route reason, reply, the gateway's request id)."""
     raw = client.chat.completions.with_raw_response.create(
         model="chat",
         messages=[{"role": "user", "content": f"Tell me story number {number} about a river."}],
-        max_tokens=24,
+        max_tokens=BURST_TOKENS,
         temperature=0,
         extra_body={"ignore_eos": True},
     )
     headers = raw.headers
-    return headers["x-switchyard-provider"], headers["x-switchyard-route-reason"], raw.parse()
+    return (
+        headers["x-switchyard-provider"],
+        headers["x-switchyard-route-reason"],
+        raw.parse(),
+        headers["x-switchyard-request-id"],
+    )
+
+
+def _most_at_once(windows: list[tuple[float, float]]) -> int:
+    """The most of ``windows`` (start, end) open at one instant; one ending when another
+    starts does not overlap it."""
+    edges = sorted([(start, 1) for start, _ in windows] + [(end, -1) for _, end in windows])
+    most = open_now = 0
+    for _, step in edges:
+        open_now += step
+        most = max(most, open_now)
+    return most
 
 
 def test_a_burst_spills_over_to_the_managed_api_and_comes_back(
@@ -351,20 +371,29 @@ def test_a_burst_spills_over_to_the_managed_api_and_comes_back(
     with ThreadPoolExecutor(max_workers=burst) as pool:
         answers = list(pool.map(lambda n: _ask(client, n), range(burst)))  # all 200 or raise
 
-    served = [provider for provider, _, _ in answers]
+    served = [provider for provider, _, _, _ in answers]
     on_vllm = served.count("local")
     spilled = served.count("managed")
-    assert on_vllm + spilled == burst, served
-    # The gateway's own in-flight count trips saturation at MAX_IN_FLIGHT.
-    assert 1 <= on_vllm <= MAX_IN_FLIGHT, served
-    for provider, reason, reply in answers:
+    assert on_vllm + spilled == burst and on_vllm >= 1 and spilled >= 1, served
+    # The gateway's own in-flight count trips saturation at MAX_IN_FLIGHT: the local
+    # requests' spans in the ledger (each a little longer than its hold on the target)
+    # never overlap more than that. Counting them instead would depend on timing: a
+    # request of the burst that arrives after a local one finished may go local too.
+    rows = _ledger(gateway)
+    local_spans = [
+        (rows[rid]["ts"], rows[rid]["ts"] + rows[rid]["latency_ms"] / 1000)
+        for provider, _, _, rid in answers
+        if provider == "local"
+    ]
+    assert 1 <= _most_at_once(local_spans) <= MAX_IN_FLIGHT, (served, local_spans)
+    for provider, reason, reply, _ in answers:
         assert reply.usage is not None
         if provider == "managed":
             assert f"skipped {LOCAL_LABEL} (saturated)" in reason, reason
             assert reply.choices[0].message.content == MANAGED_TEXT
         else:
             assert reason == "priority: first available target"
-            assert reply.usage.completion_tokens == 24  # ignore_eos: vLLM decoded them all
+            assert reply.usage.completion_tokens == BURST_TOKENS  # ignore_eos: vLLM decoded them all
     # What each upstream says it served.
     assert _managed_served(managed) - fake_before == spilled
     done = _settled(_served_by(local), done_before + on_vllm)
@@ -372,7 +401,7 @@ def test_a_burst_spills_over_to_the_managed_api_and_comes_back(
 
     # The burst is over: nothing in flight, so the next request is local again.
     assert _spill_target(gateway)["in_flight"] == 0
-    after, reason, _ = _ask(client, burst)
+    after, reason, _, _ = _ask(client, burst)
     assert after == "local" and "saturated" not in reason
     assert _managed_served(managed) - fake_before == spilled
 
