@@ -393,7 +393,8 @@ def test_a_burst_spills_over_to_the_managed_api_and_comes_back(
             assert reply.choices[0].message.content == MANAGED_TEXT
         else:
             assert reason == "priority: first available target"
-            assert reply.usage.completion_tokens == BURST_TOKENS  # ignore_eos: vLLM decoded them all
+            # ignore_eos: vLLM decoded them all
+            assert reply.usage.completion_tokens == BURST_TOKENS
     # What each upstream says it served.
     assert _managed_served(managed) - fake_before == spilled
     done = _settled(_served_by(local), done_before + on_vllm)
