@@ -40,7 +40,10 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     spread around the prompt-length fit); ``alone_z`` (2.3263 = p99, never below
     ``tail_z``) the one it must meet when no target could still meet the objective after
     the first was cut (an 800 ms request when the quickest target's p99 is 800 ms): a
-    miss there is final.
+    miss there is final. The same holds for one target when, cut at its patience, the
+    best rescue would also be late more often than ``1 - Phi(alone_z)`` (1%) of the
+    time: it is then judged at ``alone_z`` too. ``alone_z`` equal to ``tail_z`` puts
+    cost first: every target is judged at its ``tail_z`` quantile alone.
 
     ``default_ttft_ms``: the TTFT objective routing assumes for requests that set none
     (null: route them by cost alone), so they too stay off targets too loaded to answer in

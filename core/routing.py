@@ -4,6 +4,7 @@ capacity signals (``policies``, ``local_tier``) produce them."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Protocol
 
 from msgspec import Struct
@@ -84,6 +85,37 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
 
 
 UNKNOWN = TargetHealth()
+
+_MAX_EXPONENT = 50.0
+
+
+def ttft_quantile_s(mean_s: float, spread: float, z: float) -> float:
+    """The TTFT that only one request in ``1 / (1 - Phi(z))`` exceeds (``z >= 0``), were
+    TTFT log-normal with mean ``mean_s`` and log spread ``spread``: ``mean_s x exp(z spread
+    - spread^2 / 2)``, the median being ``exp(spread^2 / 2)`` below the mean. TTFT
+    predictions are means (fitted in seconds) and spreads are log errors, so this is how a
+    prediction and its spread become a tail, for strategies and latency stats alike.
+
+    At a fixed mean that quantile peaks at ``spread = z`` and then falls (the mass crowds
+    towards 0 under an ever longer tail); a wider spread is more doubt, never a quicker
+    target, so past the peak the quantile stays there: ``mean_s x exp(z^2 / 2)`` (at
+    ``z = 0``, the mean itself). The exponent is capped: an absurd spread still gives a
+    finite time."""
+    exponent = z * spread - spread * spread / 2 if spread <= z else z * z / 2
+    return mean_s * math.exp(min(exponent, _MAX_EXPONENT))
+
+
+def ttft_exceeds_p(mean_s: float, spread: float, seconds: float) -> float:
+    """The chance that a TTFT log-normal with mean ``mean_s`` and log spread ``spread``
+    exceeds ``seconds`` (``ttft_quantile_s`` without its cap: the distribution itself).
+    No spread: 1 when ``seconds`` is under the mean, else 0."""
+    if seconds <= 0:
+        return 1.0
+    if spread <= 0 or mean_s <= 0:
+        return 1.0 if seconds < mean_s else 0.0
+    z = (math.log(seconds / mean_s) + spread * spread / 2) / spread
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
 
 # The size of the blocks prefix-aware routing hashes a prompt in (``routers.prefix``): 64
 # characters, about 16 tokens. A replica whose KV blocks are larger only reuses whole ones,

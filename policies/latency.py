@@ -67,7 +67,7 @@ import math
 from msgspec import Struct
 
 from core.clock import Clock
-from core.routing import TargetHealth
+from core.routing import TargetHealth, ttft_quantile_s
 from policies.cuts import EVIDENCE, CutPenalties
 from policies.load import LoadCurve
 from policies.overdue import OVERDUE_Z, OverdueAttempts
@@ -78,6 +78,7 @@ from policies.ttft_fit import (
     checked_samples,
     learn,
     line,
+    log_z,
     routing_spread,
     spread_of,
 )
@@ -282,7 +283,7 @@ class LatencyStats:
         if predicted is None:
             return None
         expected, spread, factor = predicted
-        return self.overdue.start(label, expected * math.exp(OVERDUE_Z * spread), factor)
+        return self.overdue.start(label, ttft_quantile_s(expected, spread, OVERDUE_Z), factor)
 
     def attempt_finished(
         self,
@@ -342,7 +343,7 @@ class LatencyStats:
         expected, spread, _ = predicted
         if expected <= 0 or waited_s <= 0 or spread <= 0:
             return math.inf if waited_s > expected else 0.0
-        z = math.log(waited_s / expected) / spread
+        z = log_z(expected, waited_s, spread)
         silent = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(TTFT > waited)
         return -math.log10(max(silent, 1e-12))
 

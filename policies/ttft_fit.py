@@ -9,12 +9,14 @@ low (only the quick answers are learnt: end to end, ``budget``, median 1.8 s, wa
 ~2 s four times in ten and its fit read 1.4 s, so it kept being sent 3 s requests it then
 missed). Reading the wait as a sample biases it just as wrongly the other way on a short
 wait. Instead a cut contributes what the current model expects of a TTFT known to exceed
-``w``, as one step of EM for a right-censored log-normal: with ``z = ln(w / predicted) /
-spread`` and the inverse Mills ratio ``lambda(z) = pdf(z) / (1 - cdf(z))``, the expected log
-TTFT is ``ln(predicted) + spread x lambda(z)`` and the expected squared log error
-``spread^2 x (1 + z x lambda(z))``. A cut long before the median says almost nothing
-(lambda ~ 0: the prediction itself, at its own spread); a cut far in the tail says the
-target is at least that slow.
+``w``, as one step of EM for a right-censored log-normal: the prediction is its mean, so
+its median is ``m = predicted x exp(-spread^2 / 2)``; with ``z = ln(w / m) / spread``, the
+sample is the conditional mean ``E[TTFT | TTFT > w] = predicted x P(Z > z - spread) /
+P(Z > z)`` (the fit is one of means, in seconds), and its squared log error (against the
+prediction, as ``learn`` counts a sample's) is the expected one, from the truncated
+normal's first two moments (inverse Mills ratio ``lambda(z) = pdf(z) / (1 - cdf(z))``). A
+cut long before the median says almost nothing (the prediction itself, at its own
+spread); a cut far in the tail says the target is at least that slow.
 """
 
 from __future__ import annotations
@@ -126,15 +128,35 @@ def checked_samples(fit: Fit, alpha: float) -> float:
     return min(effective, math.log(1 - fit.err_weight) / math.log(1 - alpha))
 
 
+def log_z(mean_s: float, seconds: float, spread: float) -> float:
+    """Where ``seconds`` lies, in standard deviations of log TTFT, under a log-normal of
+    mean ``mean_s`` and log spread ``spread`` (its median is ``exp(spread^2 / 2)`` below
+    the mean: ``core.routing.ttft_quantile_s``). All inputs positive."""
+    return (math.log(seconds / mean_s) + spread * spread / 2) / spread
+
+
+def _above(z: float) -> float:
+    """P(Z > z) for a standard normal Z."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
 def censored(predicted_s: float, waited_s: float, spread: float) -> tuple[float, float] | None:
     """(expected TTFT, expected squared log error) of a TTFT known to exceed ``waited_s``
-    under a log-normal around ``predicted_s`` with log spread ``spread`` (see the module
+    under a log-normal of mean ``predicted_s`` and log spread ``spread`` (see the module
     docstring); None when any input is not positive."""
     if not (predicted_s > 0 and waited_s > 0 and spread > 0):
         return None
-    z = math.log(waited_s / predicted_s) / spread
-    tail = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(TTFT > waited)
+    z = log_z(predicted_s, waited_s, spread)
+    tail = _above(z)  # P(TTFT > waited)
     density = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    # Far in the tail both underflow; the ratio tends to z + 1/z there.
-    mills = density / tail if tail > 1e-12 else z + 1.0 / z
-    return predicted_s * math.exp(spread * mills), spread * spread * (1.0 + z * mills)
+    if tail > 1e-12:
+        mills = density / tail
+        # E[TTFT | TTFT > w] of a log-normal: its mean x P(Z > z - spread) / P(Z > z).
+        expected = predicted_s * _above(z - spread) / tail
+    else:  # far in the tail both underflow: pdf(x) / x asymptotes, the wait times z/(z-s)
+        mills = z + 1.0 / z
+        expected = waited_s * z / (z - spread) if z > spread + 1 else waited_s
+    # The log error is counted against the mean, as ``learn`` counts a sample's:
+    # ln(TTFT / mean) = spread x Z - spread^2 / 2, Z truncated below at z.
+    err2 = spread * spread * (1.0 + z * mills) - spread**3 * mills + spread**4 / 4
+    return expected, err2

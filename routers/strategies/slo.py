@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import msgspec
 
 from core.config_routing import SloStrategy
-from core.routing import HealthView, RouteRequest, TargetHealth
+from core.routing import HealthView, RouteRequest, TargetHealth, ttft_exceeds_p
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import (
     MIN_SHARE,
@@ -18,6 +18,7 @@ from routers.strategies.deadlines import (
     Deadline,
     first_token_deadlines,
     hedged_first,
+    patience_s,
 )
 from routers.strategies.lowest_cost import by_cost, cost_reason
 from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
@@ -39,7 +40,10 @@ class Slo:
     just meets a 4 s objective misses it about half the time; one whose 90th percentile
     meets it, about one time in ten at worst, and only for the requests nearest the limit.
     When no target could still meet the objective after the first was cut
-    (``_rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final.
+    (``_rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final. So
+    is it for one target whose cut comes too late for any rescue to answer in time
+    more than ``1 - Phi(alone_z)`` of the time (``_rescued_in_time``): it too is judged
+    at ``alone_z``.
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     closest to the objective first (smallest ratio of tail prediction to objective: with
@@ -87,6 +91,11 @@ class Slo:
         healths = {t.label: health.health(t.label) for t in candidates}
         z = self.z if _rescuable(goal, candidates, healths) else self.alone_z
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
+        miss_p = 0.5 * math.erfc(self.alone_z / math.sqrt(2.0))  # 1 - Phi(alone_z): 1%
+        for t in candidates:
+            feasible_at_z = 0.0 < over[t.label] <= 1.0
+            if feasible_at_z and not _rescued_in_time(goal, t, candidates, healths, miss_p):
+                over[t.label] = _overshoot(goal, healths[t.label], self.alone_z)
         own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
         feasible = by_cost(goal, [t for t in candidates if over[t.label] <= 1.0])
@@ -208,6 +217,47 @@ def _rescuable(
         if tail is None or (tail <= room and not _cut_only(health)):
             return True
     return False
+
+
+def _rescued_in_time(
+    req: RouteRequest,
+    target: Target,
+    candidates: Sequence[Target],
+    healths: dict[str, TargetHealth],
+    miss_p: float,
+) -> bool:
+    """Whether ``target``, feasible at its tail, with the best other measured target as
+    its rescue, misses the TTFT objective at most ``miss_p`` of the time: it is cut at
+    its patience (``deadlines.patience_s``) or later, when the rescue's p99 leaves it
+    more, and then the rescue must answer in what is left. A miss needs both to be
+    late, so the chance is the product (their latencies are independent draws). True
+    when there is nothing to judge (no objective, ``target`` unmeasured).
+
+    Why: at the p90 alone a target was feasible however little its patience left a
+    rescue; end to end, ``budget`` feasible for 3 s (tail 2.9 s) was held to its p90
+    and then nothing could still answer in time. Requiring the rescue's p99 to fit after
+    the patience (session 13) judged on an edge: ``mid`` for 3 s RAG (p90 2.0 s,
+    premium's p99 0.93 s) missed it by 20 ms, though both being late is a 0.1 x 2%
+    chance (decision 0010, session 14)."""
+    health = healths[target.label]
+    first, late = ttft_s(req, health), patience_s(req, health)
+    if req.slo_ttft_ms is None or first is None or late is None:
+        return True
+    objective = req.slo_ttft_ms / 1000.0
+    spread = health.ttft_spread or 0.0
+    best = 1.0  # the chance that no rescue answers in time
+    for other in candidates:
+        rescue = healths[other.label]
+        mean = ttft_s(req, rescue)
+        if other.label == target.label or mean is None or _cut_only(rescue):
+            continue
+        cut = max(late, objective - (ttft_tail_s(req, rescue, RESERVE_Z) or 0.0) - SWITCH_S)
+        if cut >= objective:
+            late_p = 1.0  # cut only once the objective has passed: no rescue in time
+        else:
+            late_p = ttft_exceeds_p(mean, rescue.ttft_spread or 0.0, objective - cut - SWITCH_S)
+        best = min(best, ttft_exceeds_p(first, spread, min(cut, objective)) * late_p)
+    return best <= miss_p
 
 
 def _cost_or_inf(req: RouteRequest, target: Target) -> float:

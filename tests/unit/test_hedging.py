@@ -6,7 +6,6 @@ closed, what the rest of the plan does, and cancellation."""
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 
 import pytest
@@ -19,7 +18,7 @@ from core.config_routing import SloStrategy
 from core.config_tenants import Price
 from core.errors import AllTargetsFailedError, InvalidRequestError, UpstreamServerError
 from core.protocols import Capabilities, Timeouts
-from core.routing import RouteRequest, TargetHealth
+from core.routing import RouteRequest, TargetHealth, ttft_quantile_s
 from routers.executor import Executor
 from routers.hedge import HEDGE_FLOOR, HEDGE_WINDOW_S, CutSwitch, hedge_budget, race
 from routers.strategies.deadlines import (
@@ -98,7 +97,7 @@ async def settle() -> None:
 
 # ---------------------------------------------------------------- the hedge moment
 def p90(mean: float, spread: float) -> float:
-    return max(mean * math.exp(1.2816 * spread), 1.5 * mean, MIN_PATIENCE_S)
+    return max(ttft_quantile_s(mean, spread, 1.2816), 1.5 * mean, MIN_PATIENCE_S)
 
 
 def test_the_hedge_leaves_the_second_target_its_predicted_ttft_between_p90_and_p99():
@@ -106,7 +105,7 @@ def test_the_hedge_leaves_the_second_target_its_predicted_ttft_between_p90_and_p
     # 3 s objective, b needs 0.5 s: the latest useful moment (2.45 s) is past a's p99.
     health = Health(a=TargetHealth(ttft_s=0.4, ttft_spread=0.2), b=TargetHealth(ttft_s=0.5))
     deadline = hedged_first(SLO_3S, plan, health, 0.1)
-    assert deadline.hedge == Hedge(pytest.approx(0.4 * math.exp(RESERVE_Z * 0.2)), 0.1)
+    assert deadline.hedge == Hedge(pytest.approx(ttft_quantile_s(0.4, 0.2, RESERVE_Z)), 0.1)
     assert deadline.by_s == pytest.approx(3.0 - 0.5 - 0.05)  # the cut is unchanged
     assert deadline.hedge_window_s(0.0) == pytest.approx(deadline.hedge.after_s)
     assert deadline.hedge_window_s(2.4) == pytest.approx(deadline.window_s(2.4))  # cut first
@@ -126,7 +125,7 @@ def test_the_hedge_leaves_the_second_target_its_predicted_ttft_between_p90_and_p
     assert unmeasured.hedge.after_s == pytest.approx(0.4)
     wide_b = Health(
         a=TargetHealth(ttft_s=0.25, ttft_spread=0.3),
-        b=TargetHealth(ttft_s=0.35, ttft_spread=0.35),  # its p99 (0.79 s) fills the 800 ms
+        b=TargetHealth(ttft_s=0.35, ttft_spread=0.4),  # its p99 (0.82 s) fills the 800 ms
     )
     hang = hedged_first(tight, plan, wide_b, 0.1)
     assert hang.by_s == 0.0 and hang.patience_s >= 0.8
@@ -135,8 +134,8 @@ def test_the_hedge_leaves_the_second_target_its_predicted_ttft_between_p90_and_p
 
 def test_the_hedge_leaves_a_measured_second_target_its_p99():
     """A mid-priced first target (1.1 s, spread 0.4) and a premium backup (0.35 s, spread
-    0.35) under a 3 s objective: the hedge starts when premium's p99 (0.79 s) and the
-    switch are all that is left (2.16 s), not when only its mean is (2.6 s: about half
+    0.35) under a 3 s objective: the hedge starts when premium's p99 (0.74 s) and the
+    switch are all that is left (2.21 s), not when only its mean is (2.6 s: about half
     of those rescues came too late)."""
     plan = [target(Upstream("a")), target(Upstream("b"))]
     health = Health(
@@ -144,7 +143,7 @@ def test_the_hedge_leaves_a_measured_second_target_its_p99():
         b=TargetHealth(ttft_s=0.35, ttft_spread=0.35),
     )
     deadline = hedged_first(SLO_3S, plan, health, 0.1)
-    b_p99 = 0.35 * math.exp(RESERVE_Z * 0.35)
+    b_p99 = ttft_quantile_s(0.35, 0.35, RESERVE_Z)
     assert deadline.hedge.after_s == pytest.approx(3.0 - b_p99 - 0.05)
     assert deadline.hedge.after_s > p90(1.1, 0.4)  # still no sooner than a's patience
 

@@ -19,7 +19,7 @@ from core.config_routing import SloStrategy
 from core.config_tenants import Price
 from core.errors import AttemptDeadlineError, UpstreamTimeoutError
 from core.protocols import Capabilities, Timeouts
-from core.routing import RouteRequest, TargetHealth
+from core.routing import RouteRequest, TargetHealth, ttft_quantile_s
 from policies.breaker.machine import classify
 from policies.cuts import CUT_FACTOR, MAX_PENALTY, CutPenalties
 from policies.goodput import GoodputMeter
@@ -218,7 +218,8 @@ def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
     def at(z: float) -> float:
         health = stats.health("a")
         assert health.ttft_base_s is not None and health.ttft_spread is not None
-        return health.ttft_base_s * math.exp(z * health.ttft_spread)
+        spread = health.ttft_spread  # a log-normal around the predicted mean
+        return health.ttft_base_s * math.exp(z * spread - spread * spread / 2)
 
     assert stats.cut_surprise("a", at(1.2816), 100, 0) == pytest.approx(1.0, abs=1e-3)
     assert stats.cut_surprise("a", at(0.6745), 100, 0) == pytest.approx(-math.log10(0.25), abs=1e-3)
@@ -325,23 +326,23 @@ def test_a_healthy_target_gets_its_patience_even_when_the_next_is_about_as_quick
     req = RouteRequest(model="alias", slo_ttft_ms=1000)
     health = Health(a=TargetHealth(ttft_s=0.45, ttft_spread=0.4), b=TargetHealth(ttft_s=0.6))
     deadline = first_token_deadlines(req, [tgt("a"), tgt("b")], health, z=0.0)["a/m"]
-    assert deadline.window_s(0.0) == pytest.approx(0.45 * math.exp(1.2816 * 0.4))  # its p90
+    assert deadline.window_s(0.0) == pytest.approx(ttft_quantile_s(0.45, 0.4, 1.2816))  # p90
     fast = Health(a=TargetHealth(ttft_s=0.01), b=TargetHealth(ttft_s=0.6))
     assert first_token_deadlines(req, [tgt("a"), tgt("b")], fast)["a/m"].patience_s == 0.25
 
 
 def test_without_a_sure_rescue_a_target_past_its_p99_is_left_while_the_next_mean_fits():
-    """A local box measured idle (0.48 s, spread 0.5) before a mid target whose p99 (2.4
+    """A local box measured idle (0.48 s, spread 0.5) before a mid target whose p99 (2.3
     s) leaves too little of a 3 s objective to cut by the slack: the box is given its own
-    p99 (1.54 s), not the whole objective; past that it is queued, and mid (mean 0.83 s)
+    p99 (1.36 s), not the whole objective; past that it is queued, and mid (mean 0.83 s)
     still likely meets the objective. When mid's mean no longer fits after the box's
     p99, the box keeps its hang patience (the objective)."""
     req = RouteRequest(model="alias", slo_ttft_ms=3000)
     box = TargetHealth(ttft_s=0.48, ttft_spread=0.5)
-    health = Health(box=box, mid=TargetHealth(ttft_s=0.83, ttft_spread=0.45))
+    health = Health(box=box, mid=TargetHealth(ttft_s=0.83, ttft_spread=0.5))
     got = first_token_deadlines(req, [tgt("box"), tgt("mid")], health)["box/m"]
-    assert got == Deadline(0.0, pytest.approx(0.48 * math.exp(2.3263 * 0.5)))
-    slow = Health(box=box, mid=TargetHealth(ttft_s=1.5, ttft_spread=0.45))
+    assert got == Deadline(0.0, pytest.approx(ttft_quantile_s(0.48, 0.5, 2.3263)))
+    slow = Health(box=box, mid=TargetHealth(ttft_s=1.7, ttft_spread=0.5))
     assert first_token_deadlines(req, [tgt("box"), tgt("mid")], slow)["box/m"] == Deadline(0.0, 3.0)
 
 
@@ -537,6 +538,31 @@ def test_a_target_only_ever_cut_is_no_feasible_rescue():
     )
     plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["mid", "premium", "new", "budget"]
+
+
+def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being_late_is_rare():
+    """3 s objective, premium (mean 0.37 s, spread 0.35, p99 0.79 s) the rescue.
+    budget (mean 1.7 s, spread 0.4) meets 3 s at its p90 (2.62 s), but cut at that
+    patience it leaves premium 0.33 s, too little more often than not: a miss about one
+    time in 18, so it is judged at its p99 (3.98 s) and premium goes first. mid (mean
+    1.45 s, spread 0.3), cut at its patience (1.5 x its mean, 2.18 s), leaves premium
+    0.78 s, just under its p99; a miss needs both late (0.067 x 0.011), so it is still
+    the cheapest feasible target."""
+    premium = TargetHealth(ttft_s=0.37, ttft_spread=0.35, ttft_age_s=0.0)
+    budget = TargetHealth(ttft_s=1.7, ttft_spread=0.4, ttft_age_s=0.0)
+    mid = TargetHealth(ttft_s=1.45, ttft_spread=0.3, ttft_age_s=0.0)
+    req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=3000)
+    health = Health(premium=premium, budget=budget, mid=mid)
+
+    def first(*candidates: Target) -> str:
+        return Slo().plan(req, list(candidates), health, FixedRandom(0.9))[0].target.provider_name
+
+    assert ttft_quantile_s(1.7, 0.4, 1.2816) < 3.0  # feasible at the p90 alone
+    assert first(tgt("premium", 5.0), tgt("budget", 0.3)) == "premium"
+    assert first(tgt("premium", 5.0), tgt("mid", 1.0)) == "mid"
+    # An unmeasured target is no rescue to count on: mid is judged at its p99 (2.78 s),
+    # which meets 3 s.
+    assert first(tgt("mid", 1.0), tgt("new", 5.0)) == "mid"
 
 
 def test_only_cheaper_targets_are_explored():

@@ -428,18 +428,22 @@ def test_predictions_from_the_ttft_model():
     long = RouteRequest(model="a", prompt_tokens=10_000, max_tokens=100)
     assert ttft_s(long, h) == pytest.approx(1.5)  # the fit, not the 9 s mean
     assert ttft_s(REQ, h) == pytest.approx(0.6)
-    assert ttft_tail_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.25))
+    # A log-normal around the predicted mean: its median is e^(0.25^2 / 2) below it.
+    assert ttft_tail_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.25 - 0.03125))
     assert ttft_tail_s(long, h, 0.0) == pytest.approx(1.5)
     assert total_s(long, h) == pytest.approx(1.5 + 1.0)
-    assert total_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.25) + 1.0)
+    assert total_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.25 - 0.03125) + 1.0)
     no_model = TargetHealth(ttft_s=0.8, ttft_spread=0.5)  # spread without a fit: mean-based
     assert ttft_s(long, no_model) == 0.8
-    assert ttft_tail_s(long, no_model, 1.0) == pytest.approx(0.8 * math.exp(0.5))
+    assert ttft_tail_s(long, no_model, 1.0) == pytest.approx(0.8 * math.exp(0.5 - 0.125))
+    # A spread past z is doubt, not speed: the quantile stays at its peak, e^(z^2 / 2).
+    assert ttft_tail_s(long, no_model, 0.3) == pytest.approx(0.8 * math.exp(0.045))
     unchecked = TargetHealth(ttft_base_s=0.5, ttft_per_token_s=0.0)  # no spread: tail = mean
     assert ttft_tail_s(long, unchecked, P90_Z) == 0.5
     assert ttft_tail_s(long, UNKNOWN, P90_Z) is None
     absurd = TargetHealth(ttft_base_s=1.0, ttft_per_token_s=0.0, ttft_spread=1e300)
-    assert ttft_tail_s(long, absurd, P90_Z) == pytest.approx(math.exp(50))  # finite
+    assert ttft_tail_s(long, absurd, P90_Z) == pytest.approx(math.exp(P90_Z**2 / 2))
+    assert ttft_tail_s(long, absurd, 20.0) == pytest.approx(math.exp(50))  # finite
 
 
 # A cheap model with erratic latency and a dearer, steadier one (TTFT objective 4 s).
@@ -458,17 +462,18 @@ def test_slo_predicts_from_the_prompt_and_the_tail():
         target("cheap", price=per_mtok(0.1, 0.4)),
     ]
     short = Slo().plan(summarise(5000), candidates, health, random.Random(0))
-    # cheap: 0.8 + 0.3 = 1.1 s, tail 1.1 x e^(1.28 x 0.5) = 2.1 s <= 4 s
+    # cheap: 0.8 + 0.3 = 1.1 s, tail 1.1 x e^(1.28 x 0.5 - 0.5^2 / 2) = 1.8 s <= 4 s
     assert names(short) == ["cheap", "steady"]
     assert short[0].reason == (
-        "slo: cheapest meeting ttft<=4000ms (predicted 1.1s (tail 2.1s), $0.00062 est.)"
+        "slo: cheapest meeting ttft<=4000ms (predicted 1.1s (tail 1.8s), $0.00062 est.)"
     )
     long = Slo().plan(summarise(30_000), candidates, health, random.Random(0))
     # cheap: 0.8 + 1.8 = 2.6 s, under 4 s on average, but its tail misses; steady: 1.6 s.
-    # No target could rescue a cut at its p99 (steady's, 3.5 s, over the 2.95 s left), so
-    # the tail that decides is the p99: 2.6 x e^(2.33 x 0.5) = 8.3 s (the p90: 4.9 s).
+    # No target could rescue a cut at its p99 (steady's, 3.4 s, over the 2.95 s left), so
+    # the tail that decides is the p99: 2.6 x e^(2.33 x 0.5 - 0.5^2 / 2) = 7.3 s (the
+    # p90: 4.4 s).
     assert names(long) == ["steady", "cheap"]
-    assert long[1].reason == "slo: misses ttft<=4000ms; closest left (predicted 2.6s (tail 8.3s))"
+    assert long[1].reason == "slo: misses ttft<=4000ms; closest left (predicted 2.6s (tail 7.3s))"
     # The mean alone (z = 0) would send the long prompt to the cheap model.
     assert names(Slo(z=0).plan(summarise(30_000), candidates, health, random.Random(0))) == [
         "cheap",
