@@ -54,9 +54,11 @@ class TtftModel(Struct, frozen=True):
         return self.base_s + self.per_token_s * prompt_tokens
 
 
-def line(fit: Fit) -> tuple[float, float]:
-    """(base, per_token) of the physical fit (``policies.latency``'s docstring)."""
-    slope = fit.slope
+def line(fit: Fit, slope: float | None = None) -> tuple[float, float]:
+    """(base, per_token) of the physical fit (``policies.latency``'s docstring), through
+    the fit's mean point with its own slope or ``slope`` (the slow fit's, for the fast
+    one: see ``policies.latency``)."""
+    slope = fit.slope if slope is None else slope
     base = fit.mean_y - slope * fit.mean_x
     if base < 0:
         slope, base = (fit.mean_y / fit.mean_x if fit.mean_x > 0 else 0.0), 0.0
@@ -70,11 +72,13 @@ def learn(
     a: float,
     prior_tokens: float,
     err2: float | None = None,
+    slope: float | None = None,
 ) -> None:
-    """Fold one sample into ``fit`` (its error first, against the fit before the sample).
-    ``err2``: the squared log error to count, when it is known better than from
-    ``seconds`` (a censored sample's expected one, ``censored``)."""
-    base, slope = line(fit)
+    """Fold one sample into ``fit`` (its error first, against the fit before the sample,
+    drawn with ``slope`` when given: the line that predicts). ``err2``: the squared log
+    error to count, when it is known better than from ``seconds`` (a censored sample's
+    expected one, ``censored``)."""
+    base, slope = line(fit, slope)
     predicted = base + slope * tokens
     ratio = seconds / predicted if predicted > 0 else 0.0
     if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive

@@ -4,6 +4,8 @@ observer hook."""
 from __future__ import annotations
 
 import math
+import random
+import statistics
 
 import pytest
 from hypothesis import given
@@ -95,13 +97,37 @@ def test_ttft_model_fits_prompt_length_and_measures_its_error_out_of_sample():
 
 
 def test_ttft_model_slope_is_shrunk_by_the_prior():
-    stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=1000)
+    # The slow fit at the same speed: the fast one predicts with its slope (checked below).
+    stats = LatencyStats(FakeClock(), alpha=0.5, slow_alpha=0.5, prior_tokens=1000)
     stats.observe_ttft("a", 1.0, prompt_tokens=0)
     stats.observe_ttft("a", 2.0, prompt_tokens=1000)
     # var(x) = 2e6/9 and cov = 2000/9: slope 2000 / (2e6 + 9e6); the line keeps the mean.
     model = stats.ttft_model("a")
     assert model.per_token_s == pytest.approx(1 / 5500)
     assert model.base_s == pytest.approx(5 / 3 - (2000 / 3) / 5500)
+
+
+def test_the_fast_fit_predicts_with_the_slow_slope_and_its_own_level():
+    """A premium-like target (median 0.35 s, spread 0.35, 0.05 ms per prompt token), a
+    quarter of its prompts ~4,000 tokens: the long-prompt prediction varies far less with
+    the slow fit's slope than with the fast fit's own (a slow fit as fast as the fast
+    one), and neither is biased."""
+    rng = random.Random(1)
+    slow_slope, own_slope = LatencyStats(FakeClock()), LatencyStats(FakeClock(), slow_alpha=0.1)
+    assert own_slope.alpha == 0.1
+    with_slow: list[float] = []
+    with_own: list[float] = []
+    for i in range(3000):
+        tokens = rng.randint(3000, 5000) if rng.random() < 0.25 else rng.randint(50, 500)
+        ttft = 0.35 * math.exp(0.35 * rng.gauss(0, 1)) + tokens * 5e-5
+        for stats, seen in ((slow_slope, with_slow), (own_slope, with_own)):
+            stats.observe_ttft("p", ttft, tokens)
+            if i >= 300:
+                seen.append(stats.ttft_model("p").predict(4000))
+    true = 0.35 * math.exp(0.35**2 / 2) + 0.2
+    assert statistics.mean(with_slow) == pytest.approx(true, rel=0.03)
+    assert statistics.mean(with_own) == pytest.approx(true, rel=0.03)
+    assert statistics.pstdev(with_slow) < 0.75 * statistics.pstdev(with_own)
 
 
 def test_a_slope_learnt_on_long_prompts_survives_a_run_of_short_ones():
@@ -121,12 +147,12 @@ def test_a_slope_learnt_on_long_prompts_survives_a_run_of_short_ones():
 
 
 def test_ttft_model_stays_physical():
-    falling = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    falling = LatencyStats(FakeClock(), alpha=0.5, slow_alpha=0.5, prior_tokens=0)
     falling.observe_ttft("a", 2.0, prompt_tokens=0)
     falling.observe_ttft("a", 1.0, prompt_tokens=1000)
     flat = falling.ttft_model("a")
     assert (flat.base_s, flat.per_token_s) == (pytest.approx(4 / 3), 0.0)  # flat at the mean
-    steep = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
+    steep = LatencyStats(FakeClock(), alpha=0.5, slow_alpha=0.5, prior_tokens=0)
     steep.observe_ttft("a", 0.5, prompt_tokens=1000)
     steep.observe_ttft("a", 2.5, prompt_tokens=2000)  # base would be -1.5
     model = steep.ttft_model("a")
