@@ -231,7 +231,8 @@ def _rescued_in_time(
     its patience (``deadlines.patience_s``) or later, when the rescue's p99 leaves it
     more, and then the rescue must answer in what is left. A miss needs both to be
     late, so the chance is the product (their latencies are independent draws). True
-    when there is nothing to judge (no objective, ``target`` unmeasured).
+    when there is nothing to judge (no objective, ``target`` unmeasured) or another
+    target was never measured: it may be the fast one, as ``_rescuable`` counts it.
 
     Why: at the p90 alone a target was feasible however little its patience left a
     rescue; end to end, ``budget`` feasible for 3 s (tail 2.9 s) was held to its p90
@@ -249,8 +250,10 @@ def _rescued_in_time(
     for other in candidates:
         rescue = healths[other.label]
         mean = ttft_s(req, rescue)
-        if other.label == target.label or mean is None or _cut_only(rescue):
+        if other.label == target.label or _cut_only(rescue):
             continue
+        if mean is None:
+            return True
         cut = max(late, objective - (ttft_tail_s(req, rescue, RESERVE_Z) or 0.0) - SWITCH_S)
         if cut >= objective:
             late_p = 1.0  # cut only once the objective has passed: no rescue in time

@@ -560,9 +560,12 @@ def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being
     assert ttft_quantile_s(1.7, 0.4, 1.2816) < 3.0  # feasible at the p90 alone
     assert first(tgt("premium", 5.0), tgt("budget", 0.3)) == "premium"
     assert first(tgt("premium", 5.0), tgt("mid", 1.0)) == "mid"
-    # An unmeasured target is no rescue to count on: mid is judged at its p99 (2.78 s),
-    # which meets 3 s.
-    assert first(tgt("mid", 1.0), tgt("new", 5.0)) == "mid"
+    # A target never measured may be the fast one (as for ``_rescuable``): budget is
+    # judged at its p90 again. One only ever cut is no rescue.
+    health.by_label["new/m"] = TargetHealth()
+    assert first(tgt("premium", 5.0), tgt("budget", 0.3), tgt("new", 5.0)) == "budget"
+    health.by_label["new/m"] = TargetHealth(ttft_floor_s=0.2, ttft_penalty=2.0)
+    assert first(tgt("premium", 5.0), tgt("budget", 0.3), tgt("new", 5.0)) == "premium"
 
 
 def test_only_cheaper_targets_are_explored():
