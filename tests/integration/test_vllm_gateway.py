@@ -26,6 +26,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,13 @@ def _ask(client: openai.OpenAI, number: int) -> tuple[str, str, ChatCompletion, 
     )
 
 
+def _span(row: dict[str, Any]) -> tuple[float, float]:
+    """A ledger export row's (start, end), Unix seconds: its charge period (FOCUS columns,
+    ISO 8601 to the millisecond)."""
+    start, end = row["ChargePeriodStart"], row["ChargePeriodEnd"]
+    return datetime.fromisoformat(start).timestamp(), datetime.fromisoformat(end).timestamp()
+
+
 def _most_at_once(windows: list[tuple[float, float]]) -> int:
     """The most of ``windows`` (start, end) open at one instant; one ending when another
     starts does not overlap it."""
@@ -380,11 +388,7 @@ def test_a_burst_spills_over_to_the_managed_api_and_comes_back(
     # never overlap more than that. Counting them instead would depend on timing: a
     # request of the burst that arrives after a local one finished may go local too.
     rows = _ledger(gateway)
-    local_spans = [
-        (rows[rid]["ts"], rows[rid]["ts"] + rows[rid]["latency_ms"] / 1000)
-        for provider, _, _, rid in answers
-        if provider == "local"
-    ]
+    local_spans = [_span(rows[rid]) for provider, _, _, rid in answers if provider == "local"]
     assert 1 <= _most_at_once(local_spans) <= MAX_IN_FLIGHT, (served, local_spans)
     for provider, reason, reply, _ in answers:
         assert reply.usage is not None
