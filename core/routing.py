@@ -105,6 +105,12 @@ def ttft_quantile_s(mean_s: float, spread: float, z: float) -> float:
     return mean_s * math.exp(min(exponent, _MAX_EXPONENT))
 
 
+def ttft_z(mean_s: float, spread: float, seconds: float) -> float:
+    """Where ``seconds`` lies, in standard deviations of log TTFT, under the log-normal of
+    ``ttft_quantile_s`` (mean ``mean_s``, log spread ``spread``). All inputs positive."""
+    return (math.log(seconds / mean_s) + spread * spread / 2) / spread
+
+
 def ttft_exceeds_p(mean_s: float, spread: float, seconds: float) -> float:
     """The chance that a TTFT log-normal with mean ``mean_s`` and log spread ``spread``
     exceeds ``seconds`` (``ttft_quantile_s`` without its cap: the distribution itself).
@@ -113,8 +119,7 @@ def ttft_exceeds_p(mean_s: float, spread: float, seconds: float) -> float:
         return 1.0
     if spread <= 0 or mean_s <= 0:
         return 1.0 if seconds < mean_s else 0.0
-    z = (math.log(seconds / mean_s) + spread * spread / 2) / spread
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return 0.5 * math.erfc(ttft_z(mean_s, spread, seconds) / math.sqrt(2.0))
 
 
 # The size of the blocks prefix-aware routing hashes a prompt in (``routers.prefix``): 64

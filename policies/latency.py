@@ -73,7 +73,7 @@ import math
 from msgspec import Struct
 
 from core.clock import Clock
-from core.routing import TargetHealth, ttft_quantile_s
+from core.routing import TargetHealth, ttft_exceeds_p, ttft_quantile_s
 from policies.cuts import EVIDENCE, CutPenalties
 from policies.load import LoadCurve
 from policies.overdue import OVERDUE_Z, OverdueAttempts
@@ -84,7 +84,6 @@ from policies.ttft_fit import (
     checked_samples,
     learn,
     line,
-    log_z,
     routing_spread,
     spread_of,
 )
@@ -360,8 +359,7 @@ class LatencyStats:
         expected, spread, _ = predicted
         if expected <= 0 or waited_s <= 0 or spread <= 0:
             return math.inf if waited_s > expected else 0.0
-        z = log_z(expected, waited_s, spread)
-        silent = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(TTFT > waited)
+        silent = ttft_exceeds_p(expected, spread, waited_s)
         return -math.log10(max(silent, 1e-12))
 
     def _predicted(

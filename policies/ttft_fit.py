@@ -25,6 +25,8 @@ import math
 
 from msgspec import Struct
 
+from core.routing import ttft_z
+
 
 class Fit(Struct):
     """Exponentially weighted moments of (prompt tokens x, TTFT y) and the mean square log
@@ -132,13 +134,6 @@ def checked_samples(fit: Fit, alpha: float) -> float:
     return min(effective, math.log(1 - fit.err_weight) / math.log(1 - alpha))
 
 
-def log_z(mean_s: float, seconds: float, spread: float) -> float:
-    """Where ``seconds`` lies, in standard deviations of log TTFT, under a log-normal of
-    mean ``mean_s`` and log spread ``spread`` (its median is ``exp(spread^2 / 2)`` below
-    the mean: ``core.routing.ttft_quantile_s``). All inputs positive."""
-    return (math.log(seconds / mean_s) + spread * spread / 2) / spread
-
-
 def _above(z: float) -> float:
     """P(Z > z) for a standard normal Z."""
     return 0.5 * math.erfc(z / math.sqrt(2.0))
@@ -150,7 +145,7 @@ def censored(predicted_s: float, waited_s: float, spread: float) -> tuple[float,
     docstring); None when any input is not positive."""
     if not (predicted_s > 0 and waited_s > 0 and spread > 0):
         return None
-    z = log_z(predicted_s, waited_s, spread)
+    z = ttft_z(predicted_s, spread, waited_s)
     tail = _above(z)  # P(TTFT > waited)
     density = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
     if tail > 1e-12:
