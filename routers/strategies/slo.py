@@ -9,19 +9,16 @@ from collections.abc import Sequence
 import msgspec
 
 from core.config_routing import SloStrategy
-from core.routing import HealthView, RouteRequest, TargetHealth, ttft_exceeds_p
+from core.routing import HealthView, RouteRequest, TargetHealth
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import (
-    MIN_SHARE,
-    RESERVE_Z,
-    SWITCH_S,
     Deadline,
     first_token_deadlines,
     hedged_first,
-    patience_s,
 )
 from routers.strategies.lowest_cost import by_cost, cost_reason
 from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
+from routers.strategies.rescue import cut_only, rescuable, rescued_in_time
 from routers.targets import Target
 
 _BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
@@ -40,9 +37,9 @@ class Slo:
     just meets a 4 s objective misses it about half the time; one whose 90th percentile
     meets it, about one time in ten at worst, and only for the requests nearest the limit.
     When no target could still meet the objective after the first was cut
-    (``_rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final. So
+    (``rescue.rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final. So
     is it for one target whose cut comes too late for any rescue to answer in time
-    more than ``1 - Phi(alone_z)`` of the time (``_rescued_in_time``): it too is judged
+    more than ``1 - Phi(alone_z)`` of the time (``rescue.rescued_in_time``): it too is judged
     at ``alone_z``.
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
@@ -73,6 +70,7 @@ class Slo:
         self.config = config or SloStrategy()
         self.z = self.config.tail_z if z is None else z
         self.alone_z = max(self.z, self.config.alone_z) if z is None else z
+        self.miss_p = 0.5 * math.erfc(self.alone_z / math.sqrt(2.0))  # 1 - Phi(alone_z): 1%
 
     def plan(
         self,
@@ -89,12 +87,11 @@ class Slo:
                 for i, (t, cost) in enumerate(by_cost(req, candidates))
             ]
         healths = {t.label: health.health(t.label) for t in candidates}
-        z = self.z if _rescuable(goal, candidates, healths) else self.alone_z
+        z = self.z if rescuable(goal, candidates, healths) else self.alone_z
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
-        miss_p = 0.5 * math.erfc(self.alone_z / math.sqrt(2.0))  # 1 - Phi(alone_z): 1%
         for t in candidates:
             feasible_at_z = 0.0 < over[t.label] <= 1.0
-            if feasible_at_z and not _rescued_in_time(goal, t, candidates, healths, miss_p):
+            if feasible_at_z and not rescued_in_time(goal, t, candidates, healths, self.miss_p):
                 over[t.label] = _overshoot(goal, healths[t.label], self.alone_z)
         own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
@@ -199,70 +196,6 @@ def _evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
     return health.ttft_age_s or 0.0
 
 
-def _rescuable(
-    req: RouteRequest, candidates: Sequence[Target], healths: dict[str, TargetHealth]
-) -> bool:
-    """Whether some target could still meet the TTFT objective at its p99 after the
-    first was cut at the latest useful moment (``deadlines.MIN_SHARE``), or may (one
-    never measured: it may be the fast one). If none could, the first target must meet
-    the objective alone, so feasible means its ``alone_z`` tail meets it: end to end,
-    800 ms requests sent to a local box feasible at its p90 and queued there missed,
-    premium (p99 ~800 ms) too slow to rescue them."""
-    if req.slo_ttft_ms is None:
-        return True
-    room = (1.0 - MIN_SHARE) * req.slo_ttft_ms / 1000.0 - SWITCH_S
-    for target in candidates:
-        health = healths[target.label]
-        tail = ttft_tail_s(req, health, RESERVE_Z)
-        if tail is None or (tail <= room and not _cut_only(health)):
-            return True
-    return False
-
-
-def _rescued_in_time(
-    req: RouteRequest,
-    target: Target,
-    candidates: Sequence[Target],
-    healths: dict[str, TargetHealth],
-    miss_p: float,
-) -> bool:
-    """Whether ``target``, feasible at its tail, with the best other measured target as
-    its rescue, misses the TTFT objective at most ``miss_p`` of the time: it is cut at
-    its patience (``deadlines.patience_s``) or later, when the rescue's p99 leaves it
-    more, and then the rescue must answer in what is left. A miss needs both to be
-    late, so the chance is the product (their latencies are independent draws). True
-    when there is nothing to judge (no objective, ``target`` unmeasured) or another
-    target was never measured: it may be the fast one, as ``_rescuable`` counts it.
-
-    Why: at the p90 alone a target was feasible however little its patience left a
-    rescue; end to end, ``budget`` feasible for 3 s (tail 2.9 s) was held to its p90
-    and then nothing could still answer in time. Requiring the rescue's p99 to fit after
-    the patience (session 13) judged on an edge: ``mid`` for 3 s RAG (p90 2.0 s,
-    premium's p99 0.93 s) missed it by 20 ms, though both being late is a 0.1 x 2%
-    chance (decision 0010, session 14)."""
-    health = healths[target.label]
-    first, late = ttft_s(req, health), patience_s(req, health)
-    if req.slo_ttft_ms is None or first is None or late is None:
-        return True
-    objective = req.slo_ttft_ms / 1000.0
-    spread = health.ttft_spread or 0.0
-    best = 1.0  # the chance that no rescue answers in time
-    for other in candidates:
-        rescue = healths[other.label]
-        mean = ttft_s(req, rescue)
-        if other.label == target.label or _cut_only(rescue):
-            continue
-        if mean is None:
-            return True
-        cut = max(late, objective - (ttft_tail_s(req, rescue, RESERVE_Z) or 0.0) - SWITCH_S)
-        if cut >= objective:
-            late_p = 1.0  # cut only once the objective has passed: no rescue in time
-        else:
-            late_p = ttft_exceeds_p(mean, rescue.ttft_spread or 0.0, objective - cut - SWITCH_S)
-        best = min(best, ttft_exceeds_p(first, spread, min(cut, objective)) * late_p)
-    return best <= miss_p
-
-
 def _cost_or_inf(req: RouteRequest, target: Target) -> float:
     cost = cost_usd(req, target)
     return math.inf if cost is None else cost
@@ -362,7 +295,7 @@ def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     first, whole = ttft_tail_s(req, health, z), total_s(req, health, z)
     if first is None and health.in_flight > 0:
         return _BUSY_UNMEASURED
-    if first is not None and _cut_only(health):
+    if first is not None and cut_only(health):
         # Never measured, only cut: its floor x penalty says "slower than the wait", a
         # bound, not a prediction. As one it made a target cut once at 0.6 s look like
         # 1.2 s, feasible for 3 s, and the rescue of every cut of the local box at
@@ -374,11 +307,6 @@ def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     if whole is not None and req.slo_total_ms is not None:
         ratios.append(whole * 1000 / max(req.slo_total_ms, 1e-9))
     return max(ratios)
-
-
-def _cut_only(health: TargetHealth) -> bool:
-    """Known only from cut attempts (``predict.ttft_s`` falls back to the floor)."""
-    return health.ttft_s is None and health.ttft_base_s is None and health.ttft_floor_s is not None
 
 
 def _predicted(req: RouteRequest, health: TargetHealth, z: float) -> str:

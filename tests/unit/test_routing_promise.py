@@ -560,7 +560,7 @@ def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being
     assert ttft_quantile_s(1.7, 0.4, 1.2816) < 3.0  # feasible at the p90 alone
     assert first(tgt("premium", 5.0), tgt("budget", 0.3)) == "premium"
     assert first(tgt("premium", 5.0), tgt("mid", 1.0)) == "mid"
-    # A target never measured may be the fast one (as for ``_rescuable``): budget is
+    # A target never measured may be the fast one (as for ``rescue.rescuable``): budget is
     # judged at its p90 again. One only ever cut is no rescue.
     health.by_label["new/m"] = TargetHealth()
     assert first(tgt("premium", 5.0), tgt("budget", 0.3), tgt("new", 5.0)) == "budget"
