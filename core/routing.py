@@ -4,6 +4,7 @@ capacity signals (``policies``, ``local_tier``) produce them."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Literal, Protocol
 
@@ -64,8 +65,10 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     ttft_base_s: float | None = None
     ttft_per_token_s: float | None = None
     # Root mean square of the relative TTFT prediction error (0.3: typically 30% off), for
-    # tail-aware predictions; None until there is a prediction error to measure.
+    # tail-aware predictions; None until there is a prediction error to measure. Per band
+    # of prompt lengths (``SPREAD_BAND_EDGES``) where measured: read it with ``spread_for``.
     ttft_spread: float | None = None
+    ttft_band_spreads: tuple[float, ...] = ()
     # How much longer than at no load the target takes to start a request dispatched now,
     # from its learnt latency-vs-concurrency curve (``policies.load``): 1.0 = as at no load.
     ttft_load_factor: float = 1.0
@@ -83,8 +86,26 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # evidence is for prompts it covers, which short-prompt samples say nothing about.
     ttft_penalty_age_s: float | None = None
 
+    def spread_for(self, prompt_tokens: int) -> float | None:
+        """The TTFT spread for a prompt of ``prompt_tokens``: its band's, else the
+        target's overall one."""
+        if self.ttft_band_spreads:
+            return self.ttft_band_spreads[spread_band(prompt_tokens)]
+        return self.ttft_spread
+
 
 UNKNOWN = TargetHealth()
+
+# Lower edges, in prompt tokens, of the bands a target's TTFT spread is measured in: a
+# long prompt's TTFT is a noisy start plus a steadier prefill, so its log spread is
+# narrower than a short one's (``policies.ttft_fit.band_spreads``).
+SPREAD_BAND_EDGES: tuple[int, ...] = (0, 256, 1024, 4096, 16384)
+
+
+def spread_band(prompt_tokens: float) -> int:
+    """Index of the band of ``SPREAD_BAND_EDGES`` holding ``prompt_tokens``."""
+    return max(0, bisect.bisect_right(SPREAD_BAND_EDGES, prompt_tokens) - 1)
+
 
 _MAX_EXPONENT = 50.0
 

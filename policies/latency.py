@@ -70,22 +70,24 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 from msgspec import Struct
 
 from core.clock import Clock
-from core.routing import TargetHealth, ttft_exceeds_p, ttft_quantile_s
+from core.routing import TargetHealth, spread_band, ttft_exceeds_p, ttft_quantile_s
 from policies.cuts import EVIDENCE, CutPenalties
 from policies.load import LoadCurve
 from policies.overdue import OVERDUE_Z, OverdueAttempts
 from policies.ttft_fit import (
     Fit,
     TtftModel,
+    band_spreads,
     censored,
     checked_samples,
     learn,
     line,
+    model_of,
     routing_spread,
-    spread_of,
 )
 
 DEFAULT_MAX_AGE_S = 300.0
@@ -243,14 +245,17 @@ class LatencyStats:
             slow = None
         fast = self._fits.get(label)
         if fast is None or _stale(fast.at, now, self.max_age_s):
-            return None if slow is None else TtftModel(*line(slow), spread_of(slow))
-        base, slope = line(fast, self._slow_slope(label, now))
-        if slow is not None and self.relax_half_life_s is not None:
-            weight = 0.5 ** ((now - fast.at) / self.relax_half_life_s)
-            slow_base, slow_slope = line(slow)
-            base = weight * base + (1 - weight) * slow_base
-            slope = weight * slope + (1 - weight) * slow_slope
-        return TtftModel(base, slope, spread_of(fast))
+            return None if slow is None else model_of(slow, self.slow_alpha)
+        model = model_of(fast, self.alpha, self._slow_slope(label, now))
+        if slow is None or self.relax_half_life_s is None:
+            return model
+        weight = 0.5 ** ((now - fast.at) / self.relax_half_life_s)
+        slow_base, slow_slope = line(slow)
+        return msgspec.structs.replace(
+            model,
+            base_s=weight * model.base_s + (1 - weight) * slow_base,
+            per_token_s=weight * model.per_token_s + (1 - weight) * slow_slope,
+        )
 
     def health(self, label: str, in_flight: int = 0) -> TargetHealth:
         """The latency fields of ``label``'s ``TargetHealth`` (the rest at their defaults)
@@ -272,14 +277,14 @@ class LatencyStats:
                 ttft_penalty_from_tokens=from_tokens,
                 ttft_penalty_age_s=self.cuts.age_s(label),
             )
-        fit = self._fits.get(label)
-        samples = checked_samples(fit, self.alpha) if fit is not None else 0.0
+        spread = self._routing_spread(label, model)
         return TargetHealth(
             ttft_s=ttft,
             tpot_s=tpot,
             ttft_base_s=model.base_s,
             ttft_per_token_s=model.per_token_s,
-            ttft_spread=routing_spread(model.spread, samples),
+            ttft_spread=spread,
+            ttft_band_spreads=band_spreads(spread, model.spread, model.bands),
             in_flight=in_flight,
             ttft_load_factor=factor,
             ttft_age_s=self.sample_age(label),
@@ -371,9 +376,16 @@ class LatencyStats:
         if model is None or prompt_tokens is None:
             return None
         factor = self.load.factor(label, in_flight)
-        fit = self._fits.get(label)
-        spread = routing_spread(model.spread, checked_samples(fit, self.alpha) if fit else 0.0)
+        overall = self._routing_spread(label, model)
+        spread = band_spreads(overall, model.spread, model.bands)[spread_band(prompt_tokens)]
         return model.predict(prompt_tokens) * factor, spread, factor
+
+    def _routing_spread(self, label: str, model: TtftModel) -> float:
+        """``model``'s overall spread as strategies see it (``ttft_fit.routing_spread``),
+        over the samples the fast fit has checked."""
+        fit = self._fits.get(label)
+        checked = checked_samples(fit.err_weight, self.alpha) if fit is not None else 0.0
+        return routing_spread(model.spread, checked)
 
 
 def _stale(at: float, now: float, max_age_s: float | None) -> bool:

@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import math
 
-from msgspec import Struct
+from msgspec import Struct, field
 
-from core.routing import ttft_z
+from core.routing import SPREAD_BAND_EDGES, spread_band, ttft_z
+
+
+def _no_bands() -> list[float]:
+    return [0.0] * len(SPREAD_BAND_EDGES)
 
 
 class Fit(Struct):
     """Exponentially weighted moments of (prompt tokens x, TTFT y) and the mean square log
-    prediction error; ``weight`` and ``err_weight`` are the decayed sums of the sample
-    weights (from 0: the warm-up)."""
+    prediction error, over all samples and per band of prompt lengths
+    (``core.routing.SPREAD_BAND_EDGES``); ``weight``, ``err_weight`` and ``band_weight``
+    are the decayed sums of the sample weights (from 0: the warm-up)."""
 
     weight: float
     mean_x: float
@@ -42,15 +47,19 @@ class Fit(Struct):
     err2: float
     at: float  # clock.now() of the last sample
     slope: float = 0.0  # seconds per prompt token, remembered (see ``learn``)
+    band_weight: list[float] = field(default_factory=_no_bands)
+    band_err2: list[float] = field(default_factory=_no_bands)
 
 
 class TtftModel(Struct, frozen=True):
     """TTFT = ``base_s`` + ``per_token_s`` x prompt tokens; ``spread`` is the RMS log
-    prediction error (None until a prediction has been checked)."""
+    prediction error (None until a prediction has been checked); ``bands``, per band of
+    prompt lengths, (samples checked, mean square log error) there."""
 
     base_s: float
     per_token_s: float
     spread: float | None
+    bands: tuple[tuple[float, float], ...] = ()
 
     def predict(self, prompt_tokens: int) -> float:
         return self.base_s + self.per_token_s * prompt_tokens
@@ -87,6 +96,9 @@ def learn(
         error2 = math.log(ratio) ** 2 if err2 is None else err2
         fit.err_weight = (1 - a) * fit.err_weight + a
         fit.err2 += a / fit.err_weight * (error2 - fit.err2)
+        band = spread_band(tokens)
+        fit.band_weight[band] = (1 - a) * fit.band_weight[band] + a
+        fit.band_err2[band] += a / fit.band_weight[band] * (error2 - fit.band_err2[band])
     fit.weight = (1 - a) * fit.weight + a
     share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
     # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
@@ -107,6 +119,16 @@ def spread_of(fit: Fit) -> float | None:
     return math.sqrt(fit.err2) if fit.err_weight > 0 else None
 
 
+def model_of(fit: Fit, alpha: float, slope: float | None = None) -> TtftModel:
+    """``fit``'s model (its line drawn with ``slope`` when given, as ``line``), with its
+    bands' errors counted at the fit's ``alpha``."""
+    bands = tuple(
+        (checked_samples(weight, alpha), err2)
+        for weight, err2 in zip(fit.band_weight, fit.band_err2, strict=True)
+    )
+    return TtftModel(*line(fit, slope), spread_of(fit), bands)
+
+
 # What a target's spread is believed to be before its own errors say (log TTFT spread of a
 # typical API, 0.3-0.6), and how many checked samples that belief counts as. A target
 # measured once or twice had no spread (its tail was its mean) or a tiny one (two close
@@ -123,15 +145,42 @@ def routing_spread(spread: float | None, checked: float) -> float:
     return math.sqrt((measured + PRIOR_SPREAD**2 * PRIOR_SAMPLES) / (checked + PRIOR_SAMPLES))
 
 
-def checked_samples(fit: Fit, alpha: float) -> float:
-    """How many samples' errors ``fit``'s spread stands on: n while the decayed weight
-    warms up (1 - (1 - alpha)^n), then the exponential average's effective count."""
+def band_spreads(
+    overall: float, measured: float | None, bands: tuple[tuple[float, float], ...]
+) -> tuple[float, ...]:
+    """The spread routing uses per band of prompt lengths: the target's ``overall``
+    routing spread scaled by how far its band's errors are from all of them
+    (``measured``, the RMS over every band), that ratio shrunk towards 1 as if
+    ``PRIOR_SAMPLES`` more samples had matched the whole: with ``checked`` samples in
+    the band, ``overall^2 x (err2 / measured^2) ^ (checked / (checked + PRIOR_SAMPLES))``.
+    A band never seen, or one holding every sample, reads ``overall`` exactly (so the
+    prior's pull at start-up is ``routing_spread``'s, not counted twice).
+
+    Why per band: one spread for every prompt length is the RMS over all of them, while
+    a long prompt's TTFT is a noisy start plus a steadier prefill (the end-to-end
+    benchmark's menu: log-normal starts plus 0.05 ms per prompt token), so a long
+    prompt's tail read too long and the rescue check sent 3 s RAG to the premium target
+    rather than ``mid`` (decision 0010, session 15)."""
+    if not measured:
+        return (overall,) * len(bands)
+    return tuple(
+        overall * (err2 / measured**2) ** (0.5 * checked / (checked + PRIOR_SAMPLES))
+        if err2 > 0
+        else overall
+        for checked, err2 in bands
+    )
+
+
+def checked_samples(err_weight: float, alpha: float) -> float:
+    """How many samples' errors stand behind an error average of decayed weight
+    ``err_weight``: n while the weight warms up (1 - (1 - alpha)^n), then the
+    exponential average's effective count."""
     effective = (2 - alpha) / alpha
-    if fit.err_weight <= 0:
+    if err_weight <= 0:
         return 0.0
-    if alpha >= 1 or fit.err_weight >= 1:
+    if alpha >= 1 or err_weight >= 1:
         return effective
-    return min(effective, math.log(1 - fit.err_weight) / math.log(1 - alpha))
+    return min(effective, math.log(1 - err_weight) / math.log(1 - alpha))
 
 
 def _above(z: float) -> float:

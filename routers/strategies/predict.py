@@ -10,7 +10,8 @@ Rules, stated once:
   deadline) when the request's prompt is as large as the ones cut. Never measured: the
   longest recently cut wait times the penalty, else ``None`` (unmeasured).
 - Tail TTFT (``ttft_tail_s``) = TTFT x exp(z s - s^2 / 2) (``core.routing.
-  ttft_quantile_s``), s being ``ttft_spread``, the RMS of the log prediction error: the
+  ttft_quantile_s``), s being the spread for the prompt's length (``TargetHealth.
+  spread_for``), the RMS of the log prediction error: the
   TTFT that only one request in ``1 / (1 - Phi(z))`` exceeds, were TTFT log-normal with the
   predicted mean (z = 1.28: the 90th percentile; z = 0: the prediction itself). The
   prediction is a mean (least squares in seconds), so its median is exp(s^2 / 2) below it;
@@ -55,7 +56,7 @@ def ttft_tail_s(req: RouteRequest, health: TargetHealth, z: float) -> float | No
     first = ttft_s(req, health)
     if first is None:
         return None
-    return ttft_quantile_s(first, health.ttft_spread or 0.0, z)
+    return ttft_quantile_s(first, health.spread_for(req.prompt_tokens) or 0.0, z)
 
 
 def total_s(req: RouteRequest, health: TargetHealth, z: float = 0.0) -> float | None:

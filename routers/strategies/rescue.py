@@ -59,7 +59,7 @@ def rescued_in_time(
     if req.slo_ttft_ms is None or first is None or late is None:
         return True
     objective = req.slo_ttft_ms / 1000.0
-    spread = health.ttft_spread or 0.0
+    spread = health.spread_for(req.prompt_tokens) or 0.0
     best = 1.0  # the chance that no rescue answers in time
     for other in candidates:
         rescue = healths[other.label]
@@ -72,7 +72,8 @@ def rescued_in_time(
         if cut >= objective:
             late_p = 1.0  # cut only once the objective has passed: no rescue in time
         else:
-            late_p = ttft_exceeds_p(mean, rescue.ttft_spread or 0.0, objective - cut - SWITCH_S)
+            left = objective - cut - SWITCH_S
+            late_p = ttft_exceeds_p(mean, rescue.spread_for(req.prompt_tokens) or 0.0, left)
         best = min(best, ttft_exceeds_p(first, spread, min(cut, objective)) * late_p)
     return best <= miss_p
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.clock import FakeClock
-from core.routing import TargetHealth
+from core.routing import SPREAD_BAND_EDGES, TargetHealth
 from policies.latency import DEFAULT_MAX_AGE_S, LatencyStats
 from policies.ttft_fit import PRIOR_SPREAD, TtftModel, routing_spread
 
@@ -78,10 +78,15 @@ def test_ewma_stays_within_the_samples(samples, alpha):
 
 
 # ---------------------------------------------------------------- TTFT model
+def _line(model: TtftModel | None) -> tuple[float, float, float | None] | None:
+    """A model's line and overall spread (its per-band errors left out)."""
+    return None if model is None else (model.base_s, model.per_token_s, model.spread)
+
+
 def test_ttft_model_fits_prompt_length_and_measures_its_error_out_of_sample():
     stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0)
     stats.observe_ttft("a", 1.0, prompt_tokens=0)
-    assert stats.ttft_model("a") == TtftModel(1.0, 0.0, None)  # one sample: flat, unchecked
+    assert _line(stats.ttft_model("a")) == (1.0, 0.0, None)  # one sample: flat, unchecked
     stats.observe_ttft("a", 2.0, prompt_tokens=1000)  # predicted 1.0: log error ln 2
     model = stats.ttft_model("a")
     assert model.base_s == pytest.approx(1.0)
@@ -177,6 +182,7 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
         ttft_base_s=0.4,
         ttft_per_token_s=0.0,
         ttft_spread=PRIOR_SPREAD,  # no error checked yet: the prior alone
+        ttft_band_spreads=(PRIOR_SPREAD,) * len(SPREAD_BAND_EDGES),  # each band the same
         ttft_age_s=0.0,
     )
 
@@ -213,9 +219,9 @@ def test_ttft_model_is_forgotten_after_the_default_max_ages():
     assert stats.max_age_s == DEFAULT_MAX_AGE_S == 300
     stats.observe_ttft("a", 9.0, prompt_tokens=100)
     clock.advance(300.1)
-    assert stats.ttft_model("a") == TtftModel(9.0, 0.0, None)  # the slow fit
+    assert _line(stats.ttft_model("a")) == (9.0, 0.0, None)  # the slow fit
     stats.observe_ttft("a", 0.3, prompt_tokens=5000)  # a fresh fast fit, not mixed with 9 s
-    assert stats.ttft_model("a") == TtftModel(0.3, 0.0, None)
+    assert _line(stats.ttft_model("a")) == (0.3, 0.0, None)
     clock.advance(3600.1)
     assert stats.ttft_model("a") is None and stats.health("a") == TargetHealth()
 
