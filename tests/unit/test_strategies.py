@@ -446,6 +446,22 @@ def test_predictions_from_the_ttft_model():
     assert ttft_tail_s(long, absurd, 20.0) == pytest.approx(math.exp(50))  # finite
 
 
+def test_the_tail_takes_the_spread_of_the_prompts_length_band():
+    """Band spreads, where the gateway measured them, replace the overall one: a
+    10,000-token prompt (band 4,096-16,383, index 3) reads 0.2."""
+    h = TargetHealth(
+        ttft_base_s=0.5,
+        ttft_per_token_s=1e-4,
+        ttft_spread=0.4,
+        ttft_band_spreads=(0.4, 0.35, 0.3, 0.2, 0.1),
+    )
+    long = RouteRequest(model="a", prompt_tokens=10_000, max_tokens=100)
+    assert h.spread_for(10_000) == 0.2 and h.spread_for(0) == 0.4 and h.spread_for(99_999) == 0.1
+    assert ttft_tail_s(long, h, P90_Z) == pytest.approx(1.5 * math.exp(1.2816 * 0.2 - 0.02))
+    overall = TargetHealth(ttft_base_s=0.5, ttft_per_token_s=1e-4, ttft_spread=0.4)
+    assert overall.spread_for(10_000) == 0.4  # none measured per band: the overall one
+
+
 # A cheap model with erratic latency and a dearer, steadier one (TTFT objective 4 s).
 CHEAP = TargetHealth(ttft_s=1.2, ttft_base_s=0.8, ttft_per_token_s=6e-5, ttft_spread=0.5)
 STEADY = TargetHealth(ttft_s=0.6, ttft_base_s=0.35, ttft_per_token_s=4e-5, ttft_spread=0.35)
