@@ -59,11 +59,12 @@ strategies the multiplier for the count there is now, or the larger one that att
 still waiting past their p99 imply (``policies.overdue``: a queue seen before it answers).
 
 Cuts. An attempt cut at its first-token deadline is no sample (its TTFT is only known to
-exceed the wait). Cut past the target's p90 it is evidence of a slow-down and goes to the
-cut penalty (``policies.cuts``); cut sooner, it is part of the target's ordinary spread
-and the fits learn it as a censored sample (``policies.ttft_fit.censored``), so a target
-often cut at a tight deadline is not fitted on its quick answers alone. The fits'
-arithmetic lives in ``policies.ttft_fit``.
+exceed the wait). Each is evidence towards the cut penalty (``policies.cuts``: one cut
+past the target's p99, or two past its p90, since its last real sample start it); a cut
+short of that, while no penalty runs, is part of the target's ordinary spread and the fits
+learn it as a censored sample (``policies.ttft_fit.censored``), so a target often cut at
+a tight deadline is not fitted on its quick answers alone, nor one that hangs on its
+cuts. The fits' arithmetic lives in ``policies.ttft_fit``.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class LatencyStats:
             fit = fits[label] = Fit(0.0, x, y, 0.0, 0.0, 0.0, 0.0, now)
         alpha = self.slow_alpha if slow else self.alpha
         slope = None if slow else self._slow_slope(label, now)
-        learn(fit, x, y, alpha, self.prior_tokens, err2, slope)
+        learn(fit, x, y, alpha, self.prior_tokens, err2, slope, at=now)
         fit.at = now
 
     def _slow_slope(self, label: str, now: float) -> float | None:
@@ -245,8 +246,11 @@ class LatencyStats:
             slow = None
         fast = self._fits.get(label)
         if fast is None or _stale(fast.at, now, self.max_age_s):
-            return None if slow is None else model_of(slow, self.slow_alpha)
-        model = model_of(fast, self.alpha, self._slow_slope(label, now))
+            if slow is None:
+                return None
+            return model_of(slow, self.slow_alpha, now=now)
+        slope = self._slow_slope(label, now)
+        model = model_of(fast, self.alpha, slope, now=now)
         if slow is None or self.relax_half_life_s is None:
             return model
         weight = 0.5 ** ((now - fast.at) / self.relax_half_life_s)
@@ -321,10 +325,10 @@ class LatencyStats:
         attempts with a time are TTFT samples (with ``prompt_tokens``, for
         the TTFT model too; with ``in_flight``, for the load curve); attempts cut at their
         deadline (``AttemptDeadlineError``) add to the target's cut evidence (``policies.
-        cuts``: more than the wait, by how much nobody knows) and, cut before they were
-        evidence of anything unusual (surprise below ``EVIDENCE``: ahead of the target's
-        p90), are censored samples of its TTFT model (``policies.ttft_fit.censored``);
-        failures are not latency."""
+        cuts``: more than the wait, by how much nobody knows) and, when not evidence
+        enough on their own (surprise below ``EVIDENCE``: ahead of the target's p99) and
+        no penalty runs, are censored samples of its TTFT model (``policies.ttft_fit.
+        censored``); failures are not latency."""
         self.overdue.finish(ticket)
         if ttft_s is None:
             return
@@ -332,8 +336,12 @@ class LatencyStats:
             self.observe_ttft(label, ttft_s, prompt_tokens, in_flight)
         elif error == CUT_ERROR:
             surprise = self.cut_surprise(label, ttft_s, prompt_tokens, in_flight)
+            # Ordinary: not itself evidence, and no penalty running (a target that hangs
+            # is cut again and again; learnt as samples, its cuts made `mid`'s no-load
+            # TTFT read 2.0 s, its true 1.2 s, for minutes after a 20 s hang).
+            ordinary = surprise < EVIDENCE and self.cuts.read(label)[0] <= 1.0
             self.cuts.cut(label, ttft_s, prompt_tokens or 0, surprise)
-            if surprise < EVIDENCE:
+            if ordinary:
                 self._learn_censored(label, ttft_s, prompt_tokens, in_flight or 0)
 
     def _learn_censored(

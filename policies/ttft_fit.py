@@ -27,6 +27,10 @@ from msgspec import Struct, field
 
 from core.routing import SPREAD_BAND_EDGES, spread_band, ttft_z
 
+# How fast a band of prompt lengths that gets no samples loses its own spread to the
+# target's overall one (``model_of``), as the fast fit relaxes towards the slow one.
+BAND_HALF_LIFE_S = 30.0
+
 
 def _no_bands() -> list[float]:
     return [0.0] * len(SPREAD_BAND_EDGES)
@@ -49,6 +53,7 @@ class Fit(Struct):
     slope: float = 0.0  # seconds per prompt token, remembered (see ``learn``)
     band_weight: list[float] = field(default_factory=_no_bands)
     band_err2: list[float] = field(default_factory=_no_bands)
+    band_at: list[float] = field(default_factory=_no_bands)  # clock.now() of its last error
 
 
 class TtftModel(Struct, frozen=True):
@@ -84,11 +89,12 @@ def learn(
     prior_tokens: float,
     err2: float | None = None,
     slope: float | None = None,
+    at: float = 0.0,
 ) -> None:
-    """Fold one sample into ``fit`` (its error first, against the fit before the sample,
-    drawn with ``slope`` when given: the line that predicts). ``err2``: the squared log
-    error to count, when it is known better than from ``seconds`` (a censored sample's
-    expected one, ``censored``)."""
+    """Fold one sample, taken at clock time ``at``, into ``fit`` (its error first, against
+    the fit before the sample, drawn with ``slope`` when given: the line that predicts).
+    ``err2``: the squared log error to count, when it is known better than from
+    ``seconds`` (a censored sample's expected one, ``censored``)."""
     base, slope = line(fit, slope)
     predicted = base + slope * tokens
     ratio = seconds / predicted if predicted > 0 else 0.0
@@ -99,6 +105,7 @@ def learn(
         band = spread_band(tokens)
         fit.band_weight[band] = (1 - a) * fit.band_weight[band] + a
         fit.band_err2[band] += a / fit.band_weight[band] * (error2 - fit.band_err2[band])
+        fit.band_at[band] = at
     fit.weight = (1 - a) * fit.weight + a
     share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
     # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
@@ -119,12 +126,20 @@ def spread_of(fit: Fit) -> float | None:
     return math.sqrt(fit.err2) if fit.err_weight > 0 else None
 
 
-def model_of(fit: Fit, alpha: float, slope: float | None = None) -> TtftModel:
+def model_of(
+    fit: Fit,
+    alpha: float,
+    slope: float | None = None,
+    *,
+    now: float = 0.0,
+    half_life_s: float = BAND_HALF_LIFE_S,
+) -> TtftModel:
     """``fit``'s model (its line drawn with ``slope`` when given, as ``line``), with its
-    bands' errors counted at the fit's ``alpha``."""
+    bands' errors counted at the fit's ``alpha``, each band's count halving every
+    ``half_life_s`` since its last error (at clock time ``now``): see ``band_spreads``."""
     bands = tuple(
-        (checked_samples(weight, alpha), err2)
-        for weight, err2 in zip(fit.band_weight, fit.band_err2, strict=True)
+        (checked_samples(weight, alpha) * 0.5 ** (max(0.0, now - at) / half_life_s), err2)
+        for weight, err2, at in zip(fit.band_weight, fit.band_err2, fit.band_at, strict=True)
     )
     return TtftModel(*line(fit, slope), spread_of(fit), bands)
 
@@ -154,7 +169,11 @@ def band_spreads(
     ``PRIOR_SAMPLES`` more samples had matched the whole: with ``checked`` samples in
     the band, ``overall^2 x (err2 / measured^2) ^ (checked / (checked + PRIOR_SAMPLES))``.
     A band never seen, or one holding every sample, reads ``overall`` exactly (so the
-    prior's pull at start-up is ``routing_spread``'s, not counted twice).
+    prior's pull at start-up is ``routing_spread``'s, not counted twice). A band's count
+    fades while it gets no samples (``model_of``): a band learns only from its own
+    prompts, and a target that looked erratic on long prompts gets none, so its long-prompt
+    spread stayed where its first, worst errors left it (end to end, `mid`'s read 0.46-0.52
+    for a minute, its true one ~0.34, and kept it off 3 s RAG).
 
     Why per band: one spread for every prompt length is the RMS over all of them, while
     a long prompt's TTFT is a noisy start plus a steadier prefill (the end-to-end

@@ -5,6 +5,7 @@ SLO strategy's default objective and exploration, the executor's deadline cuts, 
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import random
 
@@ -204,13 +205,15 @@ def test_cut_attempts_raise_a_decaying_penalty_not_the_fits():
     assert stats.health("a").ttft_penalty == 1.0  # failures are not cuts
 
 
-def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
-    """A deadline cut comes at the target's p90 or later (its patience): it starts the
-    penalty. A cut sooner (a hedge's loser stopped when the backup answered, a probe cut
-    at the slack) is weak evidence: alone it leaves the penalty as it is (the fits learn
-    it as a censored sample), a second in a row (no real sample between) starts the
-    penalty, and a sample between clears the first. Each wait is a quantile of the
-    prediction as it stands when the attempt is cut."""
+def test_one_cut_in_the_targets_tail_is_not_yet_a_penalty():
+    """A cut's surprise is -log10 of the chance the target, as measured, was still silent
+    then: 1 at its p90 (where a deadline cut at its patience comes), 2 at its p99. The
+    penalty starts once the cuts since the last real sample add up to 2: one cut past the
+    p99, two at the p90, four at the p75 (a hedge's loser, a probe cut at the slack). A
+    cut at the p90 happens to one attempt in ten of a healthy target: as a penalty on its
+    own it kept `mid` off 3 s RAG for most of an end-to-end run. A sample between clears
+    the evidence. Each wait is a quantile of the prediction as it stands when the attempt
+    is cut (the cuts short of a penalty are censored samples, which move it)."""
     clock = FakeClock()
     stats = LatencyStats(clock, prior_tokens=0)
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
@@ -218,10 +221,11 @@ def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
     def at(z: float) -> float:
         health = stats.health("a")
         assert health.ttft_base_s is not None and health.ttft_spread is not None
-        spread = health.ttft_spread  # a log-normal around the predicted mean
+        spread = health.spread_for(100) or 0.0  # a log-normal around the predicted mean
         return health.ttft_base_s * math.exp(z * spread - spread * spread / 2)
 
     assert stats.cut_surprise("a", at(1.2816), 100, 0) == pytest.approx(1.0, abs=1e-3)
+    assert stats.cut_surprise("a", at(2.3263), 100, 0) == pytest.approx(2.0, abs=1e-3)
     assert stats.cut_surprise("a", at(0.6745), 100, 0) == pytest.approx(-math.log10(0.25), abs=1e-3)
 
     def cut(waited_s: float) -> float:
@@ -231,23 +235,75 @@ def test_a_cut_before_the_targets_p90_is_not_yet_a_penalty():
         )
         return stats.health("a").ttft_penalty
 
-    assert cut(at(0.6745)) == 1.0
-    assert cut(at(0.6745)) == CUT_FACTOR  # 0.6 + 0.6 >= 1
+    assert cut(at(1.2816)) == 1.0  # at its patience: one in ten, not yet a slow-down
+    assert cut(at(1.2816)) == CUT_FACTOR  # twice in a row: 1 + 1 >= 2
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
-    assert cut(at(0.6745)) == 1.0  # the sample between cleared the first
+    assert cut(at(1.2816)) == 1.0  # the sample between cleared the evidence
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
-    assert cut(at(1.2816) * 1.001) == CUT_FACTOR  # at its patience: at once
+    assert [cut(at(0.6745)) for _ in range(4)] == [1.0, 1.0, 1.0, CUT_FACTOR]
+    stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
+    assert cut(at(2.3263) * 1.001) == CUT_FACTOR  # past its p99: at once
 
 
-def test_early_cuts_together_start_one_penalty():
+def test_cuts_while_a_penalty_runs_are_not_learnt_as_samples():
+    """Cuts short of evidence are censored samples of the target's ordinary spread, but
+    not once a penalty runs: a target that hangs is cut again and again, and learnt as
+    samples its cuts made `mid`'s no-load TTFT read 2.0 s (true 1.2 s) for minutes after
+    a 20 s hang end to end."""
+    clock = FakeClock()
+    stats = LatencyStats(clock, prior_tokens=0)
+    for seconds in [0.8, 1.25] * 10:  # a log spread of ~0.22
+        stats.observe_ttft("a", seconds, prompt_tokens=100, in_flight=0)
+        clock.advance(0.1)
+
+    def cut_at_p90() -> None:
+        health = stats.health("a")
+        spread = health.spread_for(100) or 0.0
+        p90 = (health.ttft_base_s or 0.0) * math.exp(1.2816 * spread - spread * spread / 2)
+        clock.advance(p90)
+        stats.attempt_finished(
+            "a", error="AttemptDeadlineError", ttft_s=p90, retryable=False, prompt_tokens=100
+        )
+
+    before = stats.ttft_model("a")
+    cut_at_p90()
+    first = stats.ttft_model("a")
+    assert before is not None and first is not None and first.base_s > before.base_s  # learnt
+    cut_at_p90()  # the second in a row: the penalty starts
+    assert stats.health("a").ttft_penalty == CUT_FACTOR
+    fits = copy.deepcopy((stats._fits["a"], stats._slow["a"]))  # (the model relaxes in time)
+    for _ in range(5):  # the hang goes on, each cut after the last
+        cut_at_p90()
+    assert stats.health("a").ttft_penalty > CUT_FACTOR
+    assert (stats._fits["a"], stats._slow["a"]) == fits  # none of them moved the fits
+
+
+def test_a_sample_clears_the_penalty_for_the_prompts_it_applies_to():
+    """The penalty applies from half the smallest cut prompt up; a sample that large
+    clears it (a sample of a 2,500-token prompt answers for a 5,000-token cut), a smaller
+    one does not."""
+    clock = FakeClock()
+    cuts = CutPenalties(clock)
+    cuts.cut("a", 3.0, prompt_tokens=5000)
+    assert cuts.read("a") == (CUT_FACTOR, 3.0, 2500)
+    cuts.sampled("a", 2499)
+    assert cuts.read("a")[0] == CUT_FACTOR
+    cuts.sampled("a", 2500)
+    assert cuts.read("a") == (1.0, None, 0)
+
+
+def test_cuts_together_start_one_penalty():
+    """Attempts sent together and cut together (none sent after the last cut) add their
+    evidence but start one penalty, not one doubling each."""
     clock = FakeClock()
     stats = LatencyStats(clock, prior_tokens=0)
     stats.observe_ttft("a", 1.0, prompt_tokens=100, in_flight=0)
-    p75 = math.exp(0.6745 * stats.health("a").ttft_spread)
-    clock.advance(p75)
-    for _ in range(3):  # sent together, cut together
+    spread = stats.health("a").spread_for(100) or 0.0
+    p95 = math.exp(1.6449 * spread - spread * spread / 2)
+    clock.advance(p95)
+    for _ in range(4):  # sent together, cut together: 1.3 each
         stats.attempt_finished(
-            "a", error="AttemptDeadlineError", ttft_s=p75, retryable=False, prompt_tokens=100
+            "a", error="AttemptDeadlineError", ttft_s=p95, retryable=False, prompt_tokens=100
         )
     assert stats.health("a").ttft_penalty == CUT_FACTOR
 

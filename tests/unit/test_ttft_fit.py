@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 from core.clock import FakeClock
 from core.routing import SPREAD_BAND_EDGES, spread_band, ttft_exceeds_p, ttft_quantile_s
 from policies.latency import CUT_ERROR, LatencyStats
-from policies.ttft_fit import PRIOR_SAMPLES, Fit, band_spreads, censored, learn, line, model_of
+from policies.ttft_fit import (
+    BAND_HALF_LIFE_S,
+    PRIOR_SAMPLES,
+    Fit,
+    band_spreads,
+    censored,
+    learn,
+    line,
+    model_of,
+)
 
 
 def test_the_moments_of_a_ttft_known_to_exceed_its_median():
@@ -223,3 +232,19 @@ def test_long_prompts_get_their_own_narrower_tail_which_holds_its_p99():
         assert spreads[3] < 0.8 * spreads[0]  # 4,096+ tokens against under 256
     assert 0.004 < late_band / long_requests < 0.025
     assert late_overall / long_requests < 0.5 * late_band / long_requests
+
+
+def test_a_band_without_samples_fades_to_the_overall_spread():
+    """A band's count halves every ``BAND_HALF_LIFE_S`` since its last error, so a band a
+    target no longer gets samples in (it looked erratic there, so it is not sent those
+    prompts) drifts back to the overall spread instead of keeping its worst errors."""
+    fit = Fit(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    for second, (tokens, seconds) in enumerate([(100, 1.0), (100, 1.1), (5000, 3.0)]):
+        learn(fit, tokens, seconds, 0.5, prior_tokens=0, at=float(second))
+    fresh = model_of(fit, 0.5, now=2.0)
+    later = model_of(fit, 0.5, now=2.0 + BAND_HALF_LIFE_S)
+    assert later.bands[3][0] == pytest.approx(fresh.bands[3][0] / 2)
+    assert later.bands[0][0] == pytest.approx(fresh.bands[0][0] / 2)  # each band alike
+    overall = 0.4
+    wide_then, wide_later = (band_spreads(overall, m.spread, m.bands)[3] for m in (fresh, later))
+    assert overall < wide_later < wide_then  # long prompts erred most: nearer overall later
