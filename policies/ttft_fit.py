@@ -173,13 +173,14 @@ def band_spreads(
     fades while it gets no samples (``model_of``): a band learns only from its own
     prompts, and a target that looked erratic on long prompts gets none, so its long-prompt
     spread stayed where its first, worst errors left it (end to end, `mid`'s read 0.46-0.52
-    for a minute, its true one ~0.34, and kept it off 3 s RAG).
+    for a minute, the menu's ~0.35, and kept it off 3 s RAG).
 
     Why per band: one spread for every prompt length is the RMS over all of them, while
     a long prompt's TTFT is a noisy start plus a steadier prefill (the end-to-end
     benchmark's menu: log-normal starts plus 0.05 ms per prompt token), so a long
-    prompt's tail read too long and the rescue check sent 3 s RAG to the premium target
-    rather than ``mid`` (decision 0010, session 15)."""
+    prompt's tail read too long: offline, on a premium-like target, the p99 drawn with
+    the overall spread was exceeded by 0-0.6% of long prompts, with the band's by
+    0.7-1.8% (decision 0010, session 15)."""
     if not measured:
         return (overall,) * len(bands)
     return tuple(
