@@ -24,7 +24,9 @@ from bench.routing_e2e.runner import POLICIES, PolicyRun, Settings, run_group
 FEEDS = {"both": ("none", "metrics"), "none": ("none",), "metrics": ("metrics",)}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None, Path | None]:
+def parse_args(
+    argv: list[str] | None = None,
+) -> tuple[Settings, Path | None, Path | None, Path | None]:
     p = argparse.ArgumentParser(prog="python -m bench.routing_e2e", description=__doc__)
     p.add_argument("--seeds", default="1,2,3", help="comma-separated trace seeds")
     p.add_argument("--requests", type=int, default=600)
@@ -40,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None, Pa
     p.add_argument("--json", type=Path, help="write per-seed and aggregated figures here")
     p.add_argument(
         "--requests-out", type=Path, help="write one JSON line per request (route reasons)"
+    )
+    p.add_argument(
+        "--health-out",
+        type=Path,
+        help="write one JSON line per target and second: the gateway's view (/admin/targets)",
     )
     a = p.parse_args(argv)
     settings = Settings(
@@ -58,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, Path | None, Pa
     for policy in settings.policies:
         if policy not in POLICIES:
             p.error(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    return settings, a.json, a.requests_out
+    return settings, a.json, a.requests_out, a.health_out
 
 
 def write_requests(path: Path, runs: list[PolicyRun]) -> None:
@@ -80,6 +87,16 @@ def write_requests(path: Path, runs: list[PolicyRun]) -> None:
                     "reason": got.reason,
                     "error": got.error,
                 }
+                out.write(json.dumps(line) + "\n")
+
+
+def write_health(path: Path, runs: list[PolicyRun]) -> None:
+    """One JSON line per policy run, target and poll: the health the strategy routed on."""
+    with path.open("w") as out:
+        for run in runs:
+            for sample in run.health:
+                line = {"seed": run.seed, "feed": run.feed, "policy": run.policy}
+                line |= {"at_s": sample.at_s, "target": sample.target, **sample.health}
                 out.write(json.dumps(line) + "\n")
 
 
@@ -117,7 +134,7 @@ def build_report(settings: Settings, runs: list[PolicyRun]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings, out, requests_out = parse_args(argv)
+    settings, out, requests_out, health_out = parse_args(argv)
     groups = len(settings.seeds) * len(settings.feeds)
     print(
         f"routing_e2e: {groups} group(s) x {len(settings.policies)} policies side by side, "
@@ -149,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=2, default=str))
     if requests_out is not None:
         write_requests(requests_out, runs)
+    if health_out is not None:
+        write_health(health_out, runs)
     return 0
 
 

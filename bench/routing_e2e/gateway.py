@@ -2,7 +2,8 @@
 
 Contract: ``gateway_config`` writes one alias ``chat`` over the four upstreams in the
 priority order (premium, mid, budget, local) with the menu's prices and the given
-strategy (``slo_hedged``: ``slo`` with ``hedge_share``); every timeout, retry and breaker setting is the gateway's default. With feed
+strategy (``slo_hedged``: ``slo`` with ``hedge_share``) and an admin key (the health
+timeline); every timeout, retry and breaker setting is the gateway's default. With feed
 ``metrics`` the local box is a ``type: vllm`` provider (its ``/metrics`` polled), else a plain
 ``type: openai`` one. State is in memory; the ledger goes to the run's temporary folder.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from bench.routing_e2e.health import ADMIN_KEY, ADMIN_KEY_ENV
 from bench.routing_e2e.menu import MENU, ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +58,7 @@ def gateway_config(policy: str, urls: dict[str, str], feed: str, ledger: Path) -
         "server": {"watch_config": False},
         "state": {"backend": "memory"},
         "ledger": {"path": str(ledger)},
+        "auth": {"admin_key_env": ADMIN_KEY_ENV},  # the health timeline reads /admin/targets
         "logging": {"level": "warning", "json": True},
         "providers": providers,
         "models": {ALIAS: {"strategy": strategy(policy), "targets": targets}},
@@ -93,9 +96,10 @@ class Gateway:
         exe = Path(sys.executable).with_name("switchyard")
         command = [str(exe), "serve", "--config", str(self.config_path)]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        env = {**os.environ, ADMIN_KEY_ENV: ADMIN_KEY}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                command, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT
+                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
             )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:

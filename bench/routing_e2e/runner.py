@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench.routing_e2e.client import Outcome, replay
 from bench.routing_e2e.gateway import ALIAS, Gateway, gateway_config, to_yaml
+from bench.routing_e2e.health import HealthSample, watch
 from bench.routing_e2e.menu import MENU, ORDER
 from bench.routing_e2e.upstream import FakeUpstream, UpstreamStats
 from bench.routing_e2e.workload import TraceRequest, make_trace, span_s
@@ -71,6 +72,7 @@ class PolicyRun:
     outage: tuple[float, float]  # seconds after the trace start
     config: dict[str, object] = field(default_factory=dict)
     loop_lag_s: dict[str, float] = field(default_factory=dict)
+    health: list[HealthSample] = field(default_factory=list)  # the gateway's view, 1/s
 
 
 async def _watch_lag(samples: list[float], every: float = 0.05) -> None:
@@ -134,14 +136,18 @@ async def _run_batch(
             for ups in sets.values():
                 ups[settings.outage_upstream].set_outage(start + window[0], start + window[1])
             lags: list[float] = []
-            watcher = asyncio.create_task(_watch_lag(lags))
+            health: dict[str, list[HealthSample]] = {p: [] for p in policies}
+            watchers = [asyncio.create_task(_watch_lag(lags))] + [
+                asyncio.create_task(watch(gateways[p].url, start, health[p])) for p in policies
+            ]
             results = await asyncio.gather(
                 *(
                     replay(gateways[p].url, trace, start, ALIAS, settings.client_timeout_s)
                     for p in policies
                 )
             )
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
         finally:
             await asyncio.gather(*(asyncio.to_thread(g.stop) for g in gateways.values()))
             for ups in sets.values():
@@ -159,6 +165,7 @@ async def _run_batch(
             window,
             configs[policy],
             _lag_summary(lags),
+            health[policy],
         )
         for policy, outcomes in zip(policies, results, strict=True)
     ]

@@ -12,6 +12,7 @@ import pytest
 
 from bench.routing_e2e import report
 from bench.routing_e2e.__main__ import build_report
+from bench.routing_e2e.health import FIELDS
 from bench.routing_e2e.menu import MENU
 from bench.routing_e2e.runner import Settings, run_group
 from bench.routing_e2e.upstream import FakeUpstream
@@ -136,6 +137,11 @@ async def test_tiny_trace_through_real_gateways(tmp_path):
             assert out.usage["prompt_tokens"] == served.prompt_tokens == req.prompt_tokens
             assert out.usage["completion_tokens"] == served.completion_tokens
             assert out.provider in run.upstreams
+        # the health timeline: the admin key works, every target is seen, as the strategy is
+        polled = {sample.target.split("/")[0] for sample in run.health}
+        assert polled == set(run.upstreams), polled
+        assert all(set(sample.health) == set(FIELDS) for sample in run.health)
+        assert all(sample.health["breaker"] == "closed" for sample in run.health)
     result = build_report(settings, runs)
     for policy in ("priority", "slo"):
         agg = result["aggregate"][f"metrics/{policy}"]
