@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from core.routing import RouteRequest, TargetHealth, ttft_exceeds_p
+from routers.strategies.base import Ranked
 from routers.strategies.deadlines import MIN_SHARE, RESERVE_Z, SWITCH_S, patience_s
-from routers.strategies.predict import ttft_s, ttft_tail_s
+from routers.strategies.predict import cost_usd, ttft_s, ttft_tail_s
 from routers.targets import Target
 
 
@@ -39,9 +40,11 @@ def rescued_in_time(
     candidates: Sequence[Target],
     healths: dict[str, TargetHealth],
     miss_p: float,
-) -> bool:
+) -> tuple[bool, str | None]:
     """Whether ``target``, feasible at its tail, with the best other measured target as
-    its rescue, misses the TTFT objective at most ``miss_p`` of the time: it is cut at
+    its rescue, misses the TTFT objective at most ``miss_p`` of the time, and the label of
+    that rescue (None when none was judged); the plan must put the rescue right after
+    ``target``, since the cut is timed for it. ``target`` is cut at
     its patience (``deadlines.patience_s``) or later, when the rescue's p99 leaves it
     more, and then the rescue must answer in what is left. A miss needs both to be
     late, so the chance is the product (their latencies are independent draws). True
@@ -57,25 +60,105 @@ def rescued_in_time(
     health = healths[target.label]
     first, late = ttft_s(req, health), patience_s(req, health)
     if req.slo_ttft_ms is None or first is None or late is None:
-        return True
+        return True, None
     objective = req.slo_ttft_ms / 1000.0
     spread = health.spread_for(req.prompt_tokens) or 0.0
-    best = 1.0  # the chance that no rescue answers in time
+    # the chance that no rescue answers in time, the rescue's own chance, the rescue
+    best: tuple[float, float, str] = (1.0, 1.0, "")
     for other in candidates:
         rescue = healths[other.label]
         mean = ttft_s(req, rescue)
         if other.label == target.label or cut_only(rescue):
             continue
         if mean is None:
-            return True
+            return True, None
         cut = max(late, objective - (ttft_tail_s(req, rescue, RESERVE_Z) or 0.0) - SWITCH_S)
         if cut >= objective:
             late_p = 1.0  # cut only once the objective has passed: no rescue in time
         else:
             left = objective - cut - SWITCH_S
             late_p = ttft_exceeds_p(mean, rescue.spread_for(req.prompt_tokens) or 0.0, left)
-        best = min(best, ttft_exceeds_p(first, spread, min(cut, objective)) * late_p)
-    return best <= miss_p
+        cut_p = ttft_exceeds_p(first, spread, min(cut, objective))
+        # never cut: no rescue to place ("")
+        best = min(best, (cut_p * late_p, late_p, other.label if cut_p > 0.0 else ""))
+    return best[0] <= miss_p, best[2] or None
+
+
+EARLY_CUT_MAX_P = 0.5  # an early cut never comes before the target's median
+
+
+def early_cut_s(
+    req: RouteRequest,
+    target: Target,
+    candidates: Sequence[Target],
+    healths: dict[str, TargetHealth],
+    miss_p: float,
+) -> tuple[float, str] | None:
+    """When ``target`` (feasible at its tail) fails ``rescued_in_time`` because its
+    patience comes too late for a rescue: the moment (seconds after the request's start)
+    to cut it *before* its patience, in time for the quickest other measured target's
+    p99, and that target's label (the plan puts it right after ``target``), if that plan
+    is worth it; None otherwise.
+
+    Worth it: (1) a miss needs both late, at most ``miss_p``; (2) the expected cost, the
+    target's own plus the rescue's each time it is cut, stays under the rescue's alone;
+    (3) the target is cut at most ``EARLY_CUT_MAX_P`` of the time (past that it is a
+    detour more often than the server); (4) the cut leaves the target at least
+    ``deadlines.MIN_SHARE`` of the objective. The planner then cuts at that moment with
+    no patience (``deadlines.Deadline(cut, None)``).
+
+    Why: patience (the p90) protects a healthy target from cuts that throw away an answer
+    about to come, but it made the rescue check all-or-nothing. End to end, ``mid`` for
+    3 s RAG (mean ~1.4 s, spread ~0.45 as measured) had its patience at ~2.25 s, which
+    left premium 0.7 s (late about a quarter of the time): judged at its p99 (3.6 s) it
+    went infeasible and RAG went to premium at 5x the price. Cut at 1.9 s instead (in
+    time for premium's p99), it is cut ~20% of the time and a miss needs premium past its
+    p99 too (under 0.2%); the expected cost is ~40% of premium's (decision 0010, session
+    16)."""
+    health = healths[target.label]
+    first, own_cost = ttft_s(req, health), cost_usd(req, target)
+    if req.slo_ttft_ms is None or first is None or own_cost is None:
+        return None
+    objective = req.slo_ttft_ms / 1000.0
+    best: tuple[float, Target] | None = None  # (the rescue's p99, the rescue)
+    for other in candidates:
+        rescue = healths[other.label]
+        tail = ttft_tail_s(req, rescue, RESERVE_Z)
+        if other.label == target.label or cut_only(rescue) or tail is None:
+            continue
+        if best is None or tail < best[0]:
+            best = (tail, other)
+    if best is None:
+        return None
+    cut = objective - best[0] - SWITCH_S
+    rescue_cost = cost_usd(req, best[1])
+    if cut < MIN_SHARE * objective or rescue_cost is None:
+        return None
+    cut_p = ttft_exceeds_p(first, health.spread_for(req.prompt_tokens) or 0.0, cut)
+    rescue = healths[best[1].label]
+    late_p = ttft_exceeds_p(
+        ttft_s(req, rescue) or 0.0, rescue.spread_for(req.prompt_tokens) or 0.0, best[0]
+    )
+    worth = own_cost + cut_p * rescue_cost < rescue_cost
+    if cut_p > EARLY_CUT_MAX_P or cut_p * late_p > miss_p or not worth:
+        return None
+    return cut, best[1].label
+
+
+def rescues_next(ranked: list[Ranked], rescue_of: dict[str, str]) -> list[Ranked]:
+    """``ranked`` with the rescue each target was judged with (``rescue_of``, by label)
+    moved right after the first such target: its cut is timed for that rescue. Before,
+    the next target was the next cheapest feasible one; end to end a cheap target judged
+    with premium as its rescue was cut in time for premium and then followed by ``mid``,
+    which could not answer in what was left (a third of one run's misses)."""
+    for place, item in enumerate(ranked[:-1]):
+        by = rescue_of.get(item.target.label)
+        if by is None:
+            continue
+        rest = ranked[place + 1 :]
+        moved = [r for r in rest if r.target.label == by]
+        return ranked[: place + 1] + moved + [r for r in rest if r.target.label != by]
+    return ranked
 
 
 def cut_only(health: TargetHealth) -> bool:

@@ -10,15 +10,11 @@ import msgspec
 
 from core.config_routing import SloStrategy
 from core.routing import HealthView, RouteRequest, TargetHealth
+from routers.strategies import rescue
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import (
-    Deadline,
-    first_token_deadlines,
-    hedged_first,
-)
+from routers.strategies.deadlines import Deadline, first_token_deadlines, hedged_first
 from routers.strategies.lowest_cost import by_cost, cost_reason
 from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
-from routers.strategies.rescue import cut_only, rescuable, rescued_in_time
 from routers.targets import Target
 
 _BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
@@ -37,10 +33,11 @@ class Slo:
     just meets a 4 s objective misses it about half the time; one whose 90th percentile
     meets it, about one time in ten at worst, and only for the requests nearest the limit.
     When no target could still meet the objective after the first was cut
-    (``rescue.rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final. So
-    is it for one target whose cut comes too late for any rescue to answer in time
-    more than ``1 - Phi(alone_z)`` of the time (``rescue.rescued_in_time``): it too is judged
-    at ``alone_z``.
+    (``rescue.rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final.
+    A target whose cut at its patience leaves no rescue in time more than ``1 -
+    Phi(alone_z)`` of the time (``rescue.rescued_in_time``) is cut early for its rescue
+    when that is worth it (``rescue.early_cut_s``), else judged at ``alone_z``; the rescue
+    a target was judged with comes right after it in the plan (``rescue.rescues_next``).
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     closest to the objective first (smallest ratio of tail prediction to objective: with
@@ -87,12 +84,10 @@ class Slo:
                 for i, (t, cost) in enumerate(by_cost(req, candidates))
             ]
         healths = {t.label: health.health(t.label) for t in candidates}
-        z = self.z if rescuable(goal, candidates, healths) else self.alone_z
+        z = self.z if rescue.rescuable(goal, candidates, healths) else self.alone_z
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
-        for t in candidates:
-            feasible_at_z = 0.0 < over[t.label] <= 1.0
-            if feasible_at_z and not rescued_in_time(goal, t, candidates, healths, self.miss_p):
-                over[t.label] = _overshoot(goal, healths[t.label], self.alone_z)
+        judged = self._judge_rescues(goal, candidates, healths, over)
+        early = {label: cut for label, (cut, _) in judged.items() if cut is not None}
         own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
         feasible = by_cost(goal, [t for t in candidates if over[t.label] <= 1.0])
@@ -110,12 +105,17 @@ class Slo:
             _unknowns_behind_close(goal, missing, healths, over)
         missing.sort(key=closest)
         ranked = [
-            Ranked(t, _feasible_reason(i, cost, objective, goal, healths[t.label], z))
+            Ranked(
+                t,
+                _feasible_reason(i, cost, objective, goal, healths[t.label], z, early.get(t.label)),
+                deadline=None if t.label not in early else Deadline(early[t.label]),
+            )
             for i, (t, cost) in enumerate(feasible)
         ]
         for t in missing:
             shown = _predicted(goal, healths[t.label], z)
             ranked.append(Ranked(t, f"slo: misses {objective}; closest left ({shown})"))
+        ranked = rescue.rescues_next(ranked, {label: by for label, (_, by) in judged.items()})
         if goal is not req:
             return _with_deadlines(goal, ranked, health, z)
         probe = self._probe(req, feasible, missing, healths, rng, unknown)
@@ -132,15 +132,51 @@ class Slo:
         deadline = None if slack is None else Deadline(slack)
         return [Ranked(probe, reason, deadline=deadline), *rest]
 
+    def _judge_rescues(
+        self,
+        goal: RouteRequest,
+        candidates: Sequence[Target],
+        healths: dict[str, TargetHealth],
+        over: dict[str, float],
+    ) -> dict[str, tuple[float | None, str]]:
+        """Hold each target feasible at its tail to the rescue rules, in place in
+        ``over``: one whose cut at its patience leaves no rescue in time
+        (``rescue.rescued_in_time``) stays feasible if its p99 meets the objective alone,
+        else if cutting it early is worth it (``rescue.early_cut_s``), else it is judged
+        at its p99. Returns, by label, each target judged with a rescue: its early cut
+        (seconds after the request's start; None: its ordinary patience) and the rescue's
+        label."""
+        judged: dict[str, tuple[float | None, str]] = {}
+        for t in candidates:
+            if not 0.0 < over[t.label] <= 1.0:
+                continue
+            rescued, by = rescue.rescued_in_time(goal, t, candidates, healths, self.miss_p)
+            if rescued:
+                if by is not None:
+                    judged[t.label] = (None, by)
+                continue
+            alone = _overshoot(goal, healths[t.label], self.alone_z)
+            early = None
+            if alone > 1.0:
+                early = rescue.early_cut_s(goal, t, candidates, healths, self.miss_p)
+            if early is None:
+                over[t.label] = alone
+            else:
+                judged[t.label] = early
+        return judged
+
     def _with_hedge(
         self, req: RouteRequest, ranked: list[Ranked], health: HealthView
     ) -> list[Ranked]:
         """``ranked`` with the first target's deadline hedged when ``hedge_share`` allows
-        (``deadlines.hedged_first``)."""
+        (``deadlines.hedged_first``); an early cut keeps its moment, the hedge starting
+        there at the latest."""
         share = self.config.hedge_share
         deadline = hedged_first(req, [r.target for r in ranked], health, share)
         if deadline is None:
             return ranked
+        if ranked[0].deadline is not None:
+            deadline = msgspec.structs.replace(ranked[0].deadline, hedge=deadline.hedge)
         return [msgspec.structs.replace(ranked[0], deadline=deadline), *ranked[1:]]
 
     def _goal(self, req: RouteRequest) -> RouteRequest:
@@ -161,7 +197,8 @@ class Slo:
     ) -> Target | None:
         """The target to explore for ``req``, or None (see the class docstring):
         ``unknown`` (the cheapest idle unmeasured target) whenever the slack allows, a
-        stale one with probability ``explore_share``."""
+        stale penalised one holding nothing (``_recovering``) too, another stale one with
+        probability ``explore_share``."""
         if not feasible or req.slo_ttft_ms is None:
             return None
         best, best_cost = feasible[0]
@@ -179,9 +216,10 @@ class Slo:
             and cost < best_cost
             and _evidence_age_s(req, healths[t.label]) >= self.config.explore_after_s
         ]
-        if not stale or rng.random() >= self.config.explore_share:
+        recovering = [t for t in stale if _recovering(req, healths[t.label])]
+        if not recovering and (not stale or rng.random() >= self.config.explore_share):
             return None
-        return max(stale, key=lambda t: _evidence_age_s(req, healths[t.label]))
+        return max(recovering or stale, key=lambda t: _evidence_age_s(req, healths[t.label]))
 
 
 def _evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
@@ -190,10 +228,23 @@ def _evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
     target keeps serving refresh its samples, but say nothing about the long prompts it
     was cut on; without this, a target that hung on long prompts was never re-tried with
     one, and kept none of them until its penalty had decayed (a minute and more)."""
-    penalized = health.ttft_penalty > 1.0 and req.prompt_tokens >= health.ttft_penalty_from_tokens
-    if penalized and health.ttft_penalty_age_s is not None:
+    if _penalized(req, health) and health.ttft_penalty_age_s is not None:
         return health.ttft_penalty_age_s
     return health.ttft_age_s or 0.0
+
+
+def _penalized(req: RouteRequest, health: TargetHealth) -> bool:
+    """Whether ``health``'s cut penalty covers ``req``'s prompt."""
+    return health.ttft_penalty > 1.0 and req.prompt_tokens >= health.ttft_penalty_from_tokens
+
+
+def _recovering(req: RouteRequest, health: TargetHealth) -> bool:
+    """A stale target whose cut penalty covers ``req`` and that holds no request: the
+    next request with slack probes it without the ``explore_share`` draw, one probe at a
+    time (a cut renews the penalty's age): one probe per ``explore_after_s`` while it
+    hangs, found again within about that once it is back (the draw alone left ``mid``
+    unprobed 27-40 s after its hang end to end; decision 0010, session 16)."""
+    return _penalized(req, health) and health.in_flight == 0
 
 
 def _cost_or_inf(req: RouteRequest, target: Target) -> float:
@@ -259,9 +310,12 @@ def _with_deadlines(
 ) -> list[Ranked]:
     """``ranked`` with the first-token deadlines of the default objective ``goal``: a
     request routed as if it asked for 5 s leaves a hanging target as one that asked would
-    (the planner gives requests without an objective none)."""
+    (the planner gives requests without an objective none); early cuts stay."""
     deadlines = first_token_deadlines(goal, [r.target for r in ranked], health, z)
-    return [msgspec.structs.replace(r, deadline=deadlines.get(r.target.label)) for r in ranked]
+    return [
+        msgspec.structs.replace(r, deadline=r.deadline or deadlines.get(r.target.label))
+        for r in ranked
+    ]
 
 
 def _slack_s(req: RouteRequest, fallback: TargetHealth, z: float) -> float | None:
@@ -295,7 +349,7 @@ def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     first, whole = ttft_tail_s(req, health, z), total_s(req, health, z)
     if first is None and health.in_flight > 0:
         return _BUSY_UNMEASURED
-    if first is not None and cut_only(health):
+    if first is not None and rescue.cut_only(health):
         # Never measured, only cut: its floor x penalty says "slower than the wait", a
         # bound, not a prediction. As one it made a target cut once at 0.6 s look like
         # 1.2 s, feasible for 3 s, and the rescue of every cut of the local box at
@@ -328,10 +382,13 @@ def _feasible_reason(
     req: RouteRequest,
     health: TargetHealth,
     z: float,
+    early_cut_s: float | None = None,
 ) -> str:
     shown = _predicted(req, health, z)
     if shown == "unmeasured":
         shown = "unmeasured, explored"
+    if early_cut_s is not None:
+        shown += f", cut at {fmt_s(early_cut_s)} for a rescue"
     if place == 0:
         price = "" if cost is None else f", {cost_reason(1, cost)}"
         return f"slo: cheapest meeting {objective} ({shown}{price})"

@@ -20,15 +20,17 @@ from core.config_routing import SloStrategy
 from core.config_tenants import Price
 from core.errors import AttemptDeadlineError, UpstreamTimeoutError
 from core.protocols import Capabilities, Timeouts
-from core.routing import RouteRequest, TargetHealth, ttft_quantile_s
+from core.routing import RouteRequest, TargetHealth, ttft_exceeds_p, ttft_quantile_s
 from policies.breaker.machine import classify
 from policies.cuts import CUT_FACTOR, MAX_PENALTY, CutPenalties
 from policies.goodput import GoodputMeter
 from policies.latency import LatencyStats
 from policies.load import BAND_EDGES, MAX_FACTOR, LoadCurve, TargetLoad, band_of
 from routers.executor import Executor
-from routers.strategies.deadlines import Deadline, first_token_deadlines, patience_s
+from routers.strategies.base import Ranked
+from routers.strategies.deadlines import MIN_SHARE, Deadline, first_token_deadlines, patience_s
 from routers.strategies.predict import ttft_s
+from routers.strategies.rescue import EARLY_CUT_MAX_P, early_cut_s
 from routers.strategies.slo import Slo
 from routers.targets import Target
 from routers.trace import Trace
@@ -600,28 +602,158 @@ def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being
     """3 s objective, premium (mean 0.37 s, spread 0.35, p99 0.79 s) the rescue.
     budget (mean 1.7 s, spread 0.4) meets 3 s at its p90 (2.62 s), but cut at that
     patience it leaves premium 0.33 s, too little more often than not: a miss about one
-    time in 18, so it is judged at its p99 (3.98 s) and premium goes first. mid (mean
-    1.45 s, spread 0.3), cut at its patience (1.5 x its mean, 2.18 s), leaves premium
-    0.78 s, just under its p99; a miss needs both late (0.067 x 0.011), so it is still
-    the cheapest feasible target."""
+    time in 18. Priced near premium it is judged at its p99 (3.98 s) and premium goes
+    first; cheap, it is cut early instead (``rescue.early_cut_s``). mid (mean 1.45 s,
+    spread 0.3), cut at its patience (1.5 x its mean, 2.18 s), leaves premium 0.78 s,
+    just under its p99; a miss needs both late (0.067 x 0.011), so it is the cheapest
+    feasible target with its ordinary patience."""
     premium = TargetHealth(ttft_s=0.37, ttft_spread=0.35, ttft_age_s=0.0)
     budget = TargetHealth(ttft_s=1.7, ttft_spread=0.4, ttft_age_s=0.0)
     mid = TargetHealth(ttft_s=1.45, ttft_spread=0.3, ttft_age_s=0.0)
     req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=3000)
     health = Health(premium=premium, budget=budget, mid=mid)
 
-    def first(*candidates: Target) -> str:
-        return Slo().plan(req, list(candidates), health, FixedRandom(0.9))[0].target.provider_name
+    def first(*candidates: Target) -> Ranked:
+        return Slo().plan(req, list(candidates), health, FixedRandom(0.9))[0]
 
     assert ttft_quantile_s(1.7, 0.4, 1.2816) < 3.0  # feasible at the p90 alone
-    assert first(tgt("premium", 5.0), tgt("budget", 0.3)) == "premium"
-    assert first(tgt("premium", 5.0), tgt("mid", 1.0)) == "mid"
+    assert first(tgt("premium", 5.0), tgt("budget", 4.0)).target.provider_name == "premium"
+    assert first(tgt("premium", 5.0), tgt("mid", 1.0)).target.provider_name == "mid"
+    assert first(tgt("premium", 5.0), tgt("mid", 1.0)).deadline is None  # the planner's
+    early = first(tgt("premium", 5.0), tgt("budget", 0.3))
+    assert early.target.provider_name == "budget"
+    assert early.deadline == Deadline(
+        pytest.approx(3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05)
+    )
+    assert "cut at 2.2s for a rescue" in early.reason
     # A target never measured may be the fast one (as for ``rescue.rescuable``): budget is
     # judged at its p90 again. One only ever cut is no rescue.
     health.by_label["new/m"] = TargetHealth()
-    assert first(tgt("premium", 5.0), tgt("budget", 0.3), tgt("new", 5.0)) == "budget"
+    assert (
+        first(tgt("premium", 5.0), tgt("budget", 4.0), tgt("new", 5.0)).target.provider_name
+        == "budget"
+    )
     health.by_label["new/m"] = TargetHealth(ttft_floor_s=0.2, ttft_penalty=2.0)
-    assert first(tgt("premium", 5.0), tgt("budget", 0.3), tgt("new", 5.0)) == "premium"
+    assert (
+        first(tgt("premium", 5.0), tgt("budget", 4.0), tgt("new", 5.0)).target.provider_name
+        == "premium"
+    )
+
+
+RAG = RouteRequest(model="alias", prompt_tokens=4000, slo_ttft_ms=3000)
+PREMIUM_RAG = TargetHealth(ttft_s=0.6, ttft_spread=0.35, ttft_age_s=0.0)
+
+
+def _early(mid: TargetHealth, mid_price: float = 1.0, miss_p: float = 0.01) -> float | None:
+    candidates = [tgt("mid", mid_price), tgt("premium", 5.0)]
+    healths = {"mid/m": mid, "premium/m": PREMIUM_RAG}
+    early = early_cut_s(RAG, candidates[0], candidates, healths, miss_p)
+    if early is not None:
+        assert early[1] == "premium/m"  # the rescue it is timed for
+    return None if early is None else early[0]
+
+
+def test_an_early_cut_is_in_time_for_the_quickest_rescue_and_only_when_worth_it():
+    """The end-to-end case: mid (mean 1.4 s, spread 0.45) for 3 s RAG, premium's p99
+    1.33 s: cut at 1.62 s, mid is late there ~26% of the time, expected cost 0.2 + 0.26
+    of premium's. Not when it costs more than premium alone, not when mid would be cut
+    more often than not, not when too little of the objective is left before the cut,
+    and not when the configured miss chance is below what the rescue's p99 allows."""
+    mid = TargetHealth(ttft_s=1.4, ttft_spread=0.45, ttft_age_s=0.0)
+    cut = _early(mid)
+    assert cut == pytest.approx(3.0 - ttft_quantile_s(0.6, 0.35, 2.3263) - 0.05)
+    assert 0.2 < ttft_exceeds_p(1.4, 0.45, cut) < 0.3
+    assert _early(mid, mid_price=3.9) is None  # 3.9 + 0.26 x 5 > 5
+    assert _early(msgspec.structs.replace(mid, ttft_s=2.2)) is None  # late over half the time
+    assert _early(mid, miss_p=0.001) is None  # 0.26 x 1% > 0.1%
+    slow_rescue = msgspec.structs.replace(PREMIUM_RAG, ttft_s=1.6)  # p99 ~3.5 s: no time left
+    candidates = [tgt("mid", 1.0), tgt("premium", 5.0)]
+    healths = {"mid/m": mid, "premium/m": slow_rescue}
+    assert early_cut_s(RAG, candidates[0], candidates, healths, 0.01) is None
+
+
+@given(
+    mean=st.floats(0.05, 5.0),
+    spread=st.floats(0.0, 1.0),
+    rescue_mean=st.floats(0.05, 2.0),
+    price=st.floats(0.01, 10.0),
+)
+def test_early_cuts_keep_their_promises(mean, spread, rescue_mean, price):
+    """Whatever the estimates: an early cut leaves the target at least ``MIN_SHARE`` of
+    the objective and its median, and its expected cost is under the rescue's alone."""
+    target = TargetHealth(ttft_s=mean, ttft_spread=spread, ttft_age_s=0.0)
+    rescue = TargetHealth(ttft_s=rescue_mean, ttft_spread=0.35, ttft_age_s=0.0)
+    candidates = [tgt("t", price), tgt("premium", 5.0)]
+    healths = {"t/m": target, "premium/m": rescue}
+    early = early_cut_s(RAG, candidates[0], candidates, healths, 0.01)
+    if early is None:
+        return
+    cut = early[0]
+    cut_p = ttft_exceeds_p(mean, spread, cut)
+    assert cut >= MIN_SHARE * 3.0 and cut_p <= EARLY_CUT_MAX_P
+    assert price + cut_p * 5.0 < 5.0
+
+
+def test_an_early_cut_is_planned_without_patience_and_a_hedge_starts_there_at_the_latest():
+    mid = TargetHealth(ttft_s=1.4, ttft_spread=0.45, ttft_age_s=0.0)
+    health = Health(mid=mid, premium=PREMIUM_RAG)
+    candidates = [tgt("mid", 1.0), tgt("premium", 5.0)]
+    plan = Slo().plan(RAG, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["mid", "premium"]
+    assert plan[0].deadline == Deadline(pytest.approx(_early(mid)))
+    assert plan[0].deadline.window_s(0.0) == pytest.approx(_early(mid))
+    hedged = Slo(SloStrategy(hedge_share=0.1)).plan(RAG, candidates, health, FixedRandom(0.9))
+    deadline = hedged[0].deadline
+    assert deadline.by_s == pytest.approx(_early(mid)) and deadline.patience_s is None
+    assert deadline.hedge is not None
+    assert deadline.hedge_window_s(0.0) <= _early(mid) + 1e-9
+
+
+def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
+    """budget (cut early, in time for premium's p99) is followed by premium, not by the
+    next cheapest feasible target (mid), which could not answer in what the cut leaves;
+    without a cut the order stays by cost."""
+    premium = TargetHealth(ttft_s=0.37, ttft_spread=0.35, ttft_age_s=0.0)
+    budget = TargetHealth(ttft_s=1.7, ttft_spread=0.4, ttft_age_s=0.0)
+    mid = TargetHealth(ttft_s=1.45, ttft_spread=0.3, ttft_age_s=0.0)
+    req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=3000)
+    health = Health(premium=premium, budget=budget, mid=mid)
+    candidates = [tgt("premium", 5.0), tgt("mid", 1.0), tgt("budget", 0.3)]
+    plan = Slo().plan(req, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["budget", "premium", "mid"]
+    assert plan[0].deadline is not None and plan[0].deadline.patience_s is None
+    sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
+    plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))  # no spread: never cut
+    assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
+
+
+def test_a_target_penalized_after_a_hang_is_probed_without_the_draw_one_probe_at_a_time():
+    """After a hang the penalty keeps the target off for a minute and more; the draw
+    (5%) found it back 27-40 s after the hang ended end to end. A stale penalised target
+    that holds nothing is probed by the next request with slack; while a probe holds it,
+    others are not sent; exploration off stays off."""
+    candidates = [tgt("cheap", 0.1), tgt("dear", 5.0)]
+    penalized = TargetHealth(
+        ttft_s=1.0,
+        ttft_age_s=0.5,
+        ttft_penalty=8.0,
+        ttft_penalty_from_tokens=0,
+        ttft_penalty_age_s=12.0,
+    )
+
+    def first(cheap: TargetHealth, config: SloStrategy | None = None) -> Ranked:
+        health = Health(cheap=cheap, dear=FAST)
+        return Slo(config).plan(LOOSE, candidates, health, FixedRandom(0.9))[0]
+
+    probe = first(penalized)
+    assert probe.target.provider_name == "cheap" and "exploring" in probe.reason
+    busy = msgspec.structs.replace(penalized, in_flight=1)
+    assert first(busy).target.provider_name == "dear"
+    fresh_cut = msgspec.structs.replace(penalized, ttft_penalty_age_s=3.0)
+    assert first(fresh_cut).target.provider_name == "dear"
+    assert first(penalized, SloStrategy(explore_share=0)).target.provider_name == "dear"
+    slow = TargetHealth(ttft_s=4.0, ttft_age_s=30.0)  # stale, not penalised: the draw decides
+    assert first(slow).target.provider_name == "dear"
 
 
 def test_only_cheaper_targets_are_explored():
