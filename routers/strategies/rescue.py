@@ -7,9 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from core.routing import RouteRequest, TargetHealth, ttft_exceeds_p
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import MIN_SHARE, RESERVE_Z, SWITCH_S, patience_s
+from routers.strategies.deadlines import (
+    MIN_SHARE,
+    RESERVE_Z,
+    SWITCH_S,
+    Deadline,
+    hang_patience_s,
+    patience_s,
+)
 from routers.strategies.predict import cost_usd, ttft_s, ttft_tail_s
 from routers.targets import Target
 
@@ -145,18 +154,33 @@ def early_cut_s(
     return cut, best[1].label
 
 
-def rescues_next(ranked: list[Ranked], rescue_of: dict[str, str]) -> list[Ranked]:
+def rescues_next(
+    req: RouteRequest,
+    ranked: list[Ranked],
+    rescue_of: dict[str, str],
+    healths: dict[str, TargetHealth],
+) -> list[Ranked]:
     """``ranked`` with the rescue each target was judged with (``rescue_of``, by label)
-    moved right after the first such target: its cut is timed for that rescue. Before,
-    the next target was the next cheapest feasible one; end to end a cheap target judged
-    with premium as its rescue was cut in time for premium and then followed by ``mid``,
-    which could not answer in what was left (a third of one run's misses)."""
+    moved right after the first such target, with only a hang's patience
+    (``deadlines.hang_patience_s``): the cut is timed for that rescue, and the rescue is
+    the request's last chance. Before, the next target was the next cheapest feasible one
+    (end to end a cheap target cut in time for premium was followed by ``mid``, which
+    could not answer in what was left: a third of one run's misses), and a rescue that
+    started late was still cut at its own p90 for the target after it (in the simulator,
+    most of the misses early cuts added)."""
     for place, item in enumerate(ranked[:-1]):
         by = rescue_of.get(item.target.label)
-        if by is None:
+        if by is None or req.slo_ttft_ms is None:
             continue
         rest = ranked[place + 1 :]
-        moved = [r for r in rest if r.target.label == by]
+        objective = req.slo_ttft_ms / 1000.0
+        moved = [
+            msgspec.structs.replace(
+                r, deadline=Deadline(0.0, hang_patience_s(req, healths[by], objective))
+            )
+            for r in rest
+            if r.target.label == by
+        ]
         return ranked[: place + 1] + moved + [r for r in rest if r.target.label != by]
     return ranked
 

@@ -115,7 +115,8 @@ class Slo:
         for t in missing:
             shown = _predicted(goal, healths[t.label], z)
             ranked.append(Ranked(t, f"slo: misses {objective}; closest left ({shown})"))
-        ranked = rescue.rescues_next(ranked, {label: by for label, (_, by) in judged.items()})
+        rescue_of = {label: by for label, (_, by) in judged.items()}
+        ranked = rescue.rescues_next(goal, ranked, rescue_of, healths)
         if goal is not req:
             return _with_deadlines(goal, ranked, health, z)
         probe = self._probe(req, feasible, missing, healths, rng, unknown)

@@ -28,7 +28,13 @@ from policies.latency import LatencyStats
 from policies.load import BAND_EDGES, MAX_FACTOR, LoadCurve, TargetLoad, band_of
 from routers.executor import Executor
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import MIN_SHARE, Deadline, first_token_deadlines, patience_s
+from routers.strategies.deadlines import (
+    MIN_SHARE,
+    Deadline,
+    first_token_deadlines,
+    hang_patience_s,
+    patience_s,
+)
 from routers.strategies.predict import ttft_s
 from routers.strategies.rescue import EARLY_CUT_MAX_P, early_cut_s
 from routers.strategies.slo import Slo
@@ -722,6 +728,9 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
     plan = Slo().plan(req, candidates, health, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["budget", "premium", "mid"]
     assert plan[0].deadline is not None and plan[0].deadline.patience_s is None
+    # the rescue is the last chance: cut only when hanging, not at its own p90
+    assert plan[1].deadline == Deadline(0.0, hang_patience_s(req, premium, 3.0))
+    assert plan[1].deadline.window_s(2.2) >= 3.0
     sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
     plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))  # no spread: never cut
     assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
