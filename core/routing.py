@@ -72,6 +72,9 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # How much longer than at no load the target takes to start a request dispatched now,
     # from its learnt latency-vs-concurrency curve (``policies.load``): 1.0 = as at no load.
     ttft_load_factor: float = 1.0
+    # The most requests in flight any recent TTFT sample was dispatched with (None: no
+    # sample): past it the load factor is extrapolated (``routers.strategies.slo``).
+    ttft_load_seen: int | None = None
     # Seconds since the target's last TTFT sample (None: unmeasured): how stale its
     # estimates are, for exploration.
     ttft_age_s: float | None = None

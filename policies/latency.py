@@ -234,8 +234,7 @@ class LatencyStats:
         ages = [self.cuts.age_s(label)]
         if fit is not None and not _stale(fit.at, self._clock.now(), self.slow_max_age_s):
             ages.append(self._clock.now() - fit.at)
-        known = [age for age in ages if age is not None]
-        return min(known) if known else None
+        return min((age for age in ages if age is not None), default=None)
 
     def ttft_model(self, label: str) -> TtftModel | None:
         """The TTFT model at no load: the fast fit, relaxed towards the slow one as it ages
@@ -291,6 +290,7 @@ class LatencyStats:
             ttft_band_spreads=band_spreads(spread, model.spread, model.bands),
             in_flight=in_flight,
             ttft_load_factor=factor,
+            ttft_load_seen=self.load.most_seen(label),
             ttft_age_s=self.sample_age(label),
             ttft_penalty=penalty,
             ttft_floor_s=floor,

@@ -70,6 +70,7 @@ class _Band(Struct):
     at: float  # clock.now() of the last sample
     samples: int = 1
     variance: float = PRIOR_VARIANCE  # EWMA of the squared deviation from log_factor
+    most: int = 0  # the most in flight any of its samples was dispatched at
 
 
 class _Level(Struct, frozen=True):
@@ -125,6 +126,7 @@ class LoadCurve:
             band.log_factor += self.alpha * deviation
             band.mean_n += self.alpha * (in_flight - band.mean_n)
             band.samples += 1
+            band.most = max(band.most, in_flight)
 
     def _band(self, label: str, in_flight: int, first: float) -> _Band | None:
         """The band ``in_flight`` falls in, stamped now; None when it was just created
@@ -134,7 +136,7 @@ class LoadCurve:
         index = band_of(in_flight)
         band = bands.get(index)
         if band is None or self._stale(band.at, now):
-            bands[index] = _Band(first, float(in_flight), now)
+            bands[index] = _Band(first, float(in_flight), now, most=in_flight)
             return None
         band.at = now
         return band
@@ -159,6 +161,13 @@ class LoadCurve:
         if target > points[-1].index and len(points) >= 2:
             factor = max(factor, _extend(points[-2:], factors[-2:], in_flight))
         return min(factor, MAX_FACTOR)
+
+    def most_seen(self, label: str) -> int | None:
+        """The most requests in flight any fresh sample of ``label`` was dispatched with
+        (None: no fresh sample): beyond it the factor is an extrapolation."""
+        now = self._clock.now()
+        fresh = [b.most for b in self._bands.get(label, {}).values() if not self._stale(b.at, now)]
+        return max(fresh) if fresh else None
 
     def _points(self, label: str) -> list[_Level]:
         """Fresh bands after the isotonic fit, least loaded first."""

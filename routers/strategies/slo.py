@@ -33,7 +33,8 @@ class Slo:
     just meets a 4 s objective misses it about half the time; one whose 90th percentile
     meets it, about one time in ten at worst, and only for the requests nearest the limit.
     When no target could still meet the objective after the first was cut
-    (``rescue.rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final.
+    (``rescue.rescuable``), the tail is at ``alone_z`` (the p99) instead: a miss is final
+    (a target holding more requests than its samples saw as unmeasured: ``load_unproven``).
     A target whose cut at its patience leaves no rescue in time more than ``1 -
     Phi(alone_z)`` of the time (``rescue.rescued_in_time``) is cut early for its rescue
     when that is worth it (``rescue.early_cut_s``), else judged at ``alone_z``; the rescue
@@ -84,8 +85,12 @@ class Slo:
                 for i, (t, cost) in enumerate(by_cost(req, candidates))
             ]
         healths = {t.label: health.health(t.label) for t in candidates}
-        z = self.z if rescue.rescuable(goal, candidates, healths) else self.alone_z
+        alone = not rescue.rescuable(goal, candidates, healths)
+        z = self.alone_z if alone else self.z
         over = {t.label: _overshoot(goal, healths[t.label], z) for t in candidates}
+        for t in candidates if alone else ():  # a miss is final: no bet on extrapolations
+            if 0.0 < over[t.label] <= 1.0 and rescue.load_unproven(healths[t.label]):
+                over[t.label] = _BUSY_UNMEASURED
         judged = self._judge_rescues(goal, candidates, healths, over)
         early = {label: cut for label, (cut, _) in judged.items() if cut is not None}
         own = goal is req
@@ -142,26 +147,25 @@ class Slo:
     ) -> dict[str, tuple[float | None, str]]:
         """Hold each target feasible at its tail to the rescue rules, in place in
         ``over``: one whose cut at its patience leaves no rescue in time
-        (``rescue.rescued_in_time``) stays feasible if its p99 meets the objective alone,
-        else if cutting it early is worth it (``rescue.early_cut_s``), else it is judged
-        at its p99. Returns, by label, each target judged with a rescue: its early cut
-        (seconds after the request's start; None: its ordinary patience) and the rescue's
-        label."""
+        (``rescue.rescued_in_time``) stays feasible if its p99 meets the objective alone
+        (not at a load never measured: ``rescue.load_unproven``), else if cutting it
+        early is worth it (``rescue.early_cut_s``), else it is judged at its p99.
+        Returns, by label, each target judged with a rescue: its early cut (None: its
+        ordinary patience) and the rescue's label."""
         judged: dict[str, tuple[float | None, str]] = {}
         for t in candidates:
             if not 0.0 < over[t.label] <= 1.0:
                 continue
             rescued, by = rescue.rescued_in_time(goal, t, candidates, healths, self.miss_p)
-            if rescued:
-                if by is not None:
+            alone = 0.0 if rescued else _overshoot(goal, healths[t.label], self.alone_z)
+            sure = rescued or alone <= 1.0
+            early = None if sure else rescue.early_cut_s(goal, t, candidates, healths, self.miss_p)
+            if not rescued and alone <= 1.0 and rescue.load_unproven(healths[t.label]):
+                over[t.label] = _BUSY_UNMEASURED  # its p99 alone, at a load never seen
+            elif early is None:
+                over[t.label] = max(over[t.label], alone)
+                if by is not None and rescued:
                     judged[t.label] = (None, by)
-                continue
-            alone = _overshoot(goal, healths[t.label], self.alone_z)
-            early = None
-            if alone > 1.0:
-                early = rescue.early_cut_s(goal, t, candidates, healths, self.miss_p)
-            if early is None:
-                over[t.label] = alone
             else:
                 judged[t.label] = early
         return judged

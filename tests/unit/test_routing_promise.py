@@ -136,6 +136,23 @@ def test_factor_is_at_least_one_and_monotone(samples, n, m):
     assert 1.0 <= curve.factor("a", low) <= curve.factor("a", high) <= MAX_FACTOR
 
 
+def test_the_most_in_flight_seen_is_the_curves_extent_and_forgets_stale_bands():
+    clock = FakeClock()
+    curve = LoadCurve(clock, max_age_s=300.0)
+    assert curve.most_seen("a") is None
+    for in_flight in (0, 3, 11, 9):  # 9 and 11 share a band: its most is kept
+        curve.observe("a", in_flight, 0.5, 0.5)
+    assert curve.most_seen("a") == 11
+    clock.advance(200.0)
+    curve.observe("a", 2, 0.5, 0.5)
+    clock.advance(200.0)  # all but the band of 2 are stale now
+    assert curve.most_seen("a") == 2
+    stats = LatencyStats(FakeClock(), prior_tokens=0)
+    stats.observe_ttft("b", 0.3, prompt_tokens=100, in_flight=0)  # the fit's first
+    stats.observe_ttft("b", 0.3, prompt_tokens=100, in_flight=1)  # then the curve's
+    assert stats.health("b", in_flight=4).ttft_load_seen == 1
+
+
 def test_target_load_counts_what_is_held():
     load = TargetLoad()
     assert [load.enter("a"), load.enter("a"), load.enter("b")] == [0, 1, 0]
@@ -734,6 +751,27 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
     sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
     plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))  # no spread: never cut
     assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
+
+
+def test_a_request_no_target_can_rescue_is_not_bet_on_a_load_never_measured():
+    """1.2 s into a run: the 4-slot box, measured once while idle (0.25 s), holds 4 long
+    answers; premium (median 0.54 s) cannot rescue an 800 ms request after a cut. The
+    box's factor at 4 in flight is an extrapolation, so premium goes first; a 3 s request
+    (premium can rescue it) still tries the box, and so does the 800 ms one once a
+    sample at that load was seen."""
+    chat = RouteRequest(model="alias", prompt_tokens=300, slo_ttft_ms=800)
+    premium = TargetHealth(ttft_s=0.54, ttft_spread=0.43, ttft_age_s=0.0)
+    box = TargetHealth(ttft_s=0.25, ttft_spread=0.3, ttft_age_s=0.5, in_flight=4, ttft_load_seen=1)
+    candidates = [tgt("premium", 5.0), tgt("local", 0.05)]
+
+    def order(req: RouteRequest, local: TargetHealth) -> list[str]:
+        plan = Slo().plan(req, candidates, Health(premium=premium, local=local), FixedRandom(0.9))
+        return [r.target.provider_name for r in plan]
+
+    assert order(chat, box) == ["premium", "local"]
+    assert order(LOOSE, box) == ["local", "premium"]
+    assert order(chat, msgspec.structs.replace(box, ttft_load_seen=4)) == ["local", "premium"]
+    assert order(chat, msgspec.structs.replace(box, ttft_load_seen=None)) == ["local", "premium"]
 
 
 def test_a_target_penalized_after_a_hang_is_probed_without_the_draw_one_probe_at_a_time():
