@@ -4,6 +4,7 @@ bench/ prints that, tests never assert it."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
@@ -245,7 +246,7 @@ def test_slo_strategy_sends_long_prompts_where_they_meet_the_objective() -> None
     retried = [o for o in later if o.failed_attempts]
     span_s = later[-1].request.arrival_s - later[0].request.arrival_s
     assert 1 <= len(retried) <= span_s / SloStrategy().explore_after_s + 1
-    gaps = [b.request.arrival_s - a.request.arrival_s for a, b in zip(retried, retried[1:])]
+    gaps = [b.request.arrival_s - a.request.arrival_s for a, b in itertools.pairwise(retried)]
     assert all(gap >= SloStrategy().explore_after_s for gap in gaps)
     assert all(o.ttft_s <= 4.0 + 1e-9 for o in later)
 
