@@ -168,12 +168,14 @@ def rescues_next(
     could not answer in what was left: a third of one run's misses), and a rescue that
     started late was still cut at its own p90 for the target after it (in the simulator,
     most of the misses early cuts added)."""
+    if req.slo_ttft_ms is None:
+        return ranked
+    objective = req.slo_ttft_ms / 1000.0
     for place, item in enumerate(ranked[:-1]):
         by = rescue_of.get(item.target.label)
-        if by is None or req.slo_ttft_ms is None:
+        if by is None:
             continue
         rest = ranked[place + 1 :]
-        objective = req.slo_ttft_ms / 1000.0
         moved = [
             msgspec.structs.replace(
                 r, deadline=Deadline(0.0, hang_patience_s(req, healths[by], objective))

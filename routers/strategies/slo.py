@@ -145,29 +145,29 @@ class Slo:
         healths: dict[str, TargetHealth],
         over: dict[str, float],
     ) -> dict[str, tuple[float | None, str]]:
-        """Hold each target feasible at its tail to the rescue rules, in place in
-        ``over``: one whose cut at its patience leaves no rescue in time
-        (``rescue.rescued_in_time``) stays feasible if its p99 meets the objective alone
-        (not at a load never measured: ``rescue.load_unproven``), else if cutting it
-        early is worth it (``rescue.early_cut_s``), else it is judged at its p99.
-        Returns, by label, each target judged with a rescue: its early cut (None: its
-        ordinary patience) and the rescue's label."""
+        """Hold each target feasible at its tail to the rescue rules, in ``over``: one
+        whose cut at its patience leaves no rescue in time (``rescue.rescued_in_time``)
+        is feasible if its p99 meets the objective alone (not at a load never measured:
+        ``rescue.load_unproven``) or it is worth cutting early (``rescue.early_cut_s``).
+        Returns, by label, each target judged with a rescue: (early cut or None, rescue)."""
         judged: dict[str, tuple[float | None, str]] = {}
         for t in candidates:
             if not 0.0 < over[t.label] <= 1.0:
                 continue
             rescued, by = rescue.rescued_in_time(goal, t, candidates, healths, self.miss_p)
-            alone = 0.0 if rescued else _overshoot(goal, healths[t.label], self.alone_z)
-            sure = rescued or alone <= 1.0
-            early = None if sure else rescue.early_cut_s(goal, t, candidates, healths, self.miss_p)
-            if not rescued and alone <= 1.0 and rescue.load_unproven(healths[t.label]):
-                over[t.label] = _BUSY_UNMEASURED  # its p99 alone, at a load never seen
-            elif early is None:
-                over[t.label] = max(over[t.label], alone)
-                if by is not None and rescued:
+            if rescued:
+                if by is not None:
                     judged[t.label] = (None, by)
-            else:
-                judged[t.label] = early
+                continue
+            alone = _overshoot(goal, healths[t.label], self.alone_z)
+            if alone > 1.0:
+                early = rescue.early_cut_s(goal, t, candidates, healths, self.miss_p)
+                if early is not None:
+                    judged[t.label] = early
+                    continue
+            elif rescue.load_unproven(healths[t.label]):
+                alone = _BUSY_UNMEASURED  # its p99 alone, at a load never seen
+            over[t.label] = alone
         return judged
 
     def _with_hedge(
