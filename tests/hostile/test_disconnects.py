@@ -12,6 +12,7 @@ sees its calls cancelled (the gateway does not keep working for a client that le
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,12 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.asgi import RecordedRequest
 from tests.hostile.harness import World, hostile_world, inside_one_minute, tokens_of
 
 pytestmark = [pytest.mark.hostile, pytest.mark.anyio]
 
 STORM = 12  # clients per way of leaving
-LEAVE_AFTER_S = 0.5  # how long the clients that leave before the first byte wait
+HELD_WITHIN_S = 20.0  # a request not where its client leaves by then: the test fails
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -57,19 +59,62 @@ async def leave_mid_stream(client: httpx.AsyncClient, world: World, tenant: str)
 
 
 async def leave_before_first_byte(
-    client: httpx.AsyncClient, world: World, tenant: str, model: str, stream: bool
+    client: httpx.AsyncClient,
+    world: World,
+    tenant: str,
+    model: str,
+    stream: bool,
+    queue_full: asyncio.Event,
 ) -> str:
-    """Send a request that cannot answer within ``LEAVE_AFTER_S``, then give up on it."""
+    """Send a request that cannot answer soon, wait until the gateway holds it where
+    ``model`` makes it wait (the upstream has the call; or it sits in the admission queue),
+    then give up on it (closing the connection). Returns the client id. ``queue_full`` is
+    shared by the storm's clients: set once the admission queue held all of ``queued``'s.
+
+    Leaving on a timer instead would be flaky: on a loaded machine a client can give up
+    before its request reached the gateway at all, and such a request rightly has no row."""
     rid = f"early-{model}-{int(stream)}-{uuid.uuid4().hex[:12]}"
     headers = world.auth(tenant, **{"x-request-id": rid})
-    with pytest.raises(httpx.TimeoutException):
-        await client.post(
-            "/v1/chat/completions",
-            json=body(model, stream),
-            headers=headers,
-            timeout=httpx.Timeout(LEAVE_AFTER_S),
-        )
+    sending = asyncio.ensure_future(
+        client.post("/v1/chat/completions", json=body(model, stream, rid), headers=headers)
+    )
+    try:
+        await held_by_gateway(world, model, rid, sending, queue_full)
+    finally:
+        sending.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sending
     return rid
+
+
+async def held_by_gateway(
+    world: World,
+    model: str,
+    rid: str,
+    sending: asyncio.Future[httpx.Response],
+    queue_full: asyncio.Event,
+) -> None:
+    """Return once request ``rid`` waits on the slow upstream (``slow``, and ``fallback``
+    after its failing first target) or in the admission queue (``queued``: the queue then
+    holds the whole storm's share)."""
+    deadline = asyncio.get_running_loop().time() + HELD_WITHIN_S
+    while asyncio.get_running_loop().time() < deadline:
+        assert not sending.done(), f"{rid} was answered before its client could leave"
+        if model == "queued":
+            if queue_full.is_set() or await asyncio.to_thread(world.queue_depth) >= STORM:
+                queue_full.set()  # the first to leave lowers the depth the others poll
+                return
+        elif any(upstream_has(rq, "m-slow", rid) for rq in list(world.upstream.requests)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{rid} never reached the point where its client leaves")
+
+
+def upstream_has(recorded: RecordedRequest, model: str, text: str) -> bool:
+    """Whether ``recorded`` is a chat call for ``model`` whose message is ``text``."""
+    sent = recorded.json if isinstance(recorded.json, dict) else {}
+    messages = sent.get("messages") or [{}]
+    return bool(sent.get("model") == model and messages[-1].get("content") == text)
 
 
 async def complete(client: httpx.AsyncClient, world: World, tenant: str, stream: bool) -> str:
@@ -85,10 +130,12 @@ async def storm(world: World) -> tuple[set[str], set[str]]:
     Returns (ids of requests whose client left, ids of completed requests)."""
     async with httpx.AsyncClient(base_url=world.gateway.url, timeout=30.0) as client:
         leaving = [leave_mid_stream(client, world, "storm") for _ in range(STORM)]
+        queue_full = asyncio.Event()
         ways = (("slow", True), ("slow", False), ("fallback", False), ("queued", True))
         for model, stream in ways:
             leaving += [
-                leave_before_first_byte(client, world, "storm", model, stream) for _ in range(STORM)
+                leave_before_first_byte(client, world, "storm", model, stream, queue_full)
+                for _ in range(STORM)
             ]
         completing = [complete(client, world, "storm", i % 2 == 0) for i in range(STORM)]
         left = await asyncio.gather(*leaving)
