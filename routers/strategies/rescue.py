@@ -57,8 +57,14 @@ def rescued_in_time(
     its patience (``deadlines.patience_s``) or later, when the rescue's p99 leaves it
     more, and then the rescue must answer in what is left. A miss needs both to be
     late, so the chance is the product (their latencies are independent draws). True
-    when there is nothing to judge (no objective, ``target`` unmeasured) or another
-    target was never measured: it may be the fast one, as ``rescuable`` counts it.
+    when there is nothing to judge (no objective, ``target`` unmeasured).
+
+    A target never measured is no rescue here (``rescuable`` still counts it: it may be
+    the fast one). Counting it as one (until session 17) meant at start-up that no rescue
+    was named while one was unmeasured: the box went first, premium after it kept its
+    own patience, was cut on a long prompt its fit had not seen yet, and the request
+    ended on ``budget`` past 5 s (3-4 of a cell's 6-9 misses were such start-up chains;
+    decision 0010, session 17).
 
     Why: at the p90 alone a target was feasible however little its patience left a
     rescue; end to end, ``budget`` feasible for 3 s (tail 2.9 s) was held to its p90
@@ -77,10 +83,8 @@ def rescued_in_time(
     for other in candidates:
         rescue = healths[other.label]
         mean = ttft_s(req, rescue)
-        if other.label == target.label or cut_only(rescue):
+        if other.label == target.label or cut_only(rescue) or mean is None:
             continue
-        if mean is None:
-            return True, None
         cut = max(late, objective - (ttft_tail_s(req, rescue, RESERVE_Z) or 0.0) - SWITCH_S)
         if cut >= objective:
             late_p = 1.0  # cut only once the objective has passed: no rescue in time

@@ -649,12 +649,12 @@ def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being
         pytest.approx(3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05)
     )
     assert "cut at 2.2s for a rescue" in early.reason
-    # A target never measured may be the fast one (as for ``rescue.rescuable``): budget is
-    # judged at its p90 again. One only ever cut is no rescue.
+    # A target never measured, or one only ever cut, is no rescue (decision 0010, session
+    # 17): budget is still judged at its p99.
     health.by_label["new/m"] = TargetHealth()
     assert (
         first(tgt("premium", 5.0), tgt("budget", 4.0), tgt("new", 5.0)).target.provider_name
-        == "budget"
+        == "premium"
     )
     health.by_label["new/m"] = TargetHealth(ttft_floor_s=0.2, ttft_penalty=2.0)
     assert (
@@ -751,6 +751,31 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
     sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
     plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))  # no spread: never cut
     assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
+
+
+def test_a_measured_rescue_in_time_is_named_though_another_target_is_unmeasured():
+    """Start-up, seed 3 end to end: the box measured once (0.29 s), premium measured on
+    short prompts, mid never measured, budget only cut. For 3 s RAG the box goes first
+    and premium is its rescue: premium comes next with only a hang's patience. Before,
+    the unmeasured mid (it "may be the fast one") meant no rescue was named; premium kept
+    its own patience (0.5 s from a fit of short prompts), was cut on the long prompt,
+    and the request ended on budget past 5 s. With no measured rescue in time the box
+    must meet the objective alone, at its p99 (0.93 s here: it still goes first)."""
+    rag = RouteRequest(model="alias", prompt_tokens=4925, slo_ttft_ms=3000)
+    box = TargetHealth(ttft_s=0.29, ttft_spread=0.5, ttft_age_s=0.3, in_flight=4)
+    premium = TargetHealth(ttft_s=0.24, ttft_spread=0.49, ttft_age_s=0.3, in_flight=2)
+    budget = TargetHealth(ttft_floor_s=0.6, ttft_penalty=2.0, ttft_penalty_age_s=0.2)
+    health = Health(premium=premium, mid=TargetHealth(), budget=budget, box=box)
+    candidates = [tgt("premium", 5.0), tgt("mid", 1.0), tgt("budget", 0.3), tgt("box", 0.05)]
+    plan = Slo().plan(rag, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["box", "premium", "mid", "budget"]
+    assert plan[1].deadline == Deadline(0.0, hang_patience_s(rag, premium, 3.0))
+    # premium too slow to rescue a cut: the box, alone, keeps its place, no rescue named.
+    slow = TargetHealth(ttft_s=2.5, ttft_spread=0.6, ttft_age_s=0.3)
+    health = Health(premium=slow, mid=TargetHealth(), budget=budget, box=box)
+    plan = Slo().plan(rag, candidates, health, FixedRandom(0.9))
+    assert plan[0].target.provider_name == "box"
+    assert all(r.deadline is None for r in plan)
 
 
 def test_a_request_no_target_can_rescue_is_not_bet_on_a_load_never_measured():
