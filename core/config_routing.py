@@ -53,8 +53,11 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     Exploration: a request whose objective leaves at least half of itself as slack over
     the cheapest feasible target tries, with probability ``explore_share``, a cheaper
     target predicted to miss whose estimate is at least ``explore_after_s`` old, first,
-    with a first-token deadline that leaves the feasible target time to still meet the
-    objective. 0 turns exploration off.
+    with a first-token deadline that leaves the feasible target its p99 TTFT to still
+    meet the objective. A target penalised for cut attempts and holding no request is
+    probed so without the draw once its last cut is ``recover_after_s`` old (one probe at
+    a time), so that a target back from a hang is found again within seconds. 0 turns
+    exploration off.
 
     Hedging: for a request with its own TTFT objective, when the first target has not
     started answering by its p99 TTFT prediction (or by its first-token deadline, if
@@ -68,6 +71,7 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     default_ttft_ms: Annotated[float, Meta(gt=0)] | None = 5000.0
     explore_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.05
     explore_after_s: Annotated[float, Meta(ge=0)] = 10.0
+    recover_after_s: Annotated[float, Meta(ge=0)] = 3.0
     hedge_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.0
 
 

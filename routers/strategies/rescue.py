@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
+from msgspec import Struct
 
 from core.routing import RouteRequest, TargetHealth, ttft_exceeds_p
 from routers.strategies.base import Ranked
@@ -21,6 +22,16 @@ from routers.strategies.deadlines import (
 )
 from routers.strategies.predict import cost_usd, ttft_s, ttft_tail_s
 from routers.targets import Target
+
+
+class Rescue(Struct, frozen=True):
+    """A target judged with a rescue: the rescue's label (the plan puts it right after
+    the target), the chance ``cut_p`` that the target is cut and the rescue paid for too,
+    and the early cut (seconds after the request's start) when there is one."""
+
+    by: str
+    cut_p: float
+    early_cut_s: float | None = None
 
 
 def rescuable(
@@ -49,15 +60,15 @@ def rescued_in_time(
     candidates: Sequence[Target],
     healths: dict[str, TargetHealth],
     miss_p: float,
-) -> tuple[bool, str | None]:
+) -> tuple[bool, Rescue | None]:
     """Whether ``target``, feasible at its tail, with the best other measured target as
-    its rescue, misses the TTFT objective at most ``miss_p`` of the time, and the label of
-    that rescue (None when none was judged); the plan must put the rescue right after
-    ``target``, since the cut is timed for it. ``target`` is cut at
-    its patience (``deadlines.patience_s``) or later, when the rescue's p99 leaves it
-    more, and then the rescue must answer in what is left. A miss needs both to be
-    late, so the chance is the product (their latencies are independent draws). True
-    when there is nothing to judge (no objective, ``target`` unmeasured).
+    its rescue, misses the TTFT objective at most ``miss_p`` of the time, and that rescue
+    with the chance that ``target`` is cut (None when none was judged: never cut); the
+    plan must put the rescue right after ``target``, since the cut is timed for it.
+    ``target`` is cut at its patience (``deadlines.patience_s``) or later, when the
+    rescue's p99 leaves it more, and then the rescue must answer in what is left. A miss
+    needs both to be late, so the chance is the product (their latencies are independent
+    draws). True when there is nothing to judge (no objective, ``target`` unmeasured).
 
     A target never measured is no rescue here (``rescuable`` still counts it: it may be
     the fast one). Counting it as one (until session 17) meant at start-up that no rescue
@@ -78,8 +89,9 @@ def rescued_in_time(
         return True, None
     objective = req.slo_ttft_ms / 1000.0
     spread = health.spread_for(req.prompt_tokens) or 0.0
-    # the chance that no rescue answers in time, the rescue's own chance, the rescue
-    best: tuple[float, float, str] = (1.0, 1.0, "")
+    # the chance that no rescue answers in time, the rescue's own chance, the rescue,
+    # the chance that target is cut
+    best: tuple[float, float, str, float] = (1.0, 1.0, "", 0.0)
     for other in candidates:
         rescue = healths[other.label]
         mean = ttft_s(req, rescue)
@@ -93,8 +105,8 @@ def rescued_in_time(
             late_p = ttft_exceeds_p(mean, rescue.spread_for(req.prompt_tokens) or 0.0, left)
         cut_p = ttft_exceeds_p(first, spread, min(cut, objective))
         # never cut: no rescue to place ("")
-        best = min(best, (cut_p * late_p, late_p, other.label if cut_p > 0.0 else ""))
-    return best[0] <= miss_p, best[2] or None
+        best = min(best, (cut_p * late_p, late_p, other.label if cut_p > 0.0 else "", cut_p))
+    return best[0] <= miss_p, Rescue(best[2], best[3]) if best[2] else None
 
 
 EARLY_CUT_MAX_P = 0.5  # an early cut never comes before the target's median
@@ -106,12 +118,12 @@ def early_cut_s(
     candidates: Sequence[Target],
     healths: dict[str, TargetHealth],
     miss_p: float,
-) -> tuple[float, str] | None:
+) -> Rescue | None:
     """When ``target`` (feasible at its tail) fails ``rescued_in_time`` because its
     patience comes too late for a rescue: the moment (seconds after the request's start)
     to cut it *before* its patience, in time for the quickest other measured target's
-    p99, and that target's label (the plan puts it right after ``target``), if that plan
-    is worth it; None otherwise.
+    p99, with that target (the plan puts it right after ``target``) and the chance of the
+    cut, if that plan is worth it; None otherwise.
 
     Worth it: (1) a miss needs both late, at most ``miss_p``; (2) the expected cost, the
     target's own plus the rescue's each time it is cut, stays under the rescue's alone;
@@ -155,7 +167,7 @@ def early_cut_s(
     worth = own_cost + cut_p * rescue_cost < rescue_cost
     if cut_p > EARLY_CUT_MAX_P or cut_p * late_p > miss_p or not worth:
         return None
-    return cut, best[1].label
+    return Rescue(best[1].label, cut_p, cut)
 
 
 def rescues_next(

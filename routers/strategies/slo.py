@@ -12,9 +12,16 @@ from core.config_routing import SloStrategy
 from core.routing import HealthView, RouteRequest, TargetHealth
 from routers.strategies import rescue
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import Deadline, first_token_deadlines, hedged_first
+from routers.strategies.deadlines import (
+    MIN_SHARE,
+    RESERVE_Z,
+    SWITCH_S,
+    Deadline,
+    first_token_deadlines,
+    hedged_first,
+)
 from routers.strategies.lowest_cost import by_cost, cost_reason
-from routers.strategies.predict import cost_usd, fmt_s, total_s, ttft_s, ttft_tail_s
+from routers.strategies.predict import cost_usd, fmt_s, fmt_usd, total_s, ttft_s, ttft_tail_s
 from routers.targets import Target
 
 _BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
@@ -92,10 +99,12 @@ class Slo:
             if 0.0 < over[t.label] <= 1.0 and rescue.load_unproven(healths[t.label]):
                 over[t.label] = _BUSY_UNMEASURED
         judged = self._judge_rescues(goal, candidates, healths, over)
-        early = {label: cut for label, (cut, _) in judged.items() if cut is not None}
+        early = {label: r.early_cut_s for label, r in judged.items() if r.early_cut_s is not None}
         own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
-        feasible = by_cost(goal, [t for t in candidates if over[t.label] <= 1.0])
+        feasible = _by_expected_cost(
+            goal, [t for t in candidates if over[t.label] <= 1.0], judged, candidates
+        )
         missing = [t for t in candidates if over[t.label] > 1.0]
         position = {t.label: i for i, t in enumerate(candidates)}
 
@@ -112,31 +121,31 @@ class Slo:
         ranked = [
             Ranked(
                 t,
-                _feasible_reason(i, cost, objective, goal, healths[t.label], z, early.get(t.label)),
+                _feasible_reason(
+                    i, (cost, expected), objective, goal, healths[t.label], z, early.get(t.label)
+                ),
                 deadline=None if t.label not in early else Deadline(early[t.label]),
             )
-            for i, (t, cost) in enumerate(feasible)
+            for i, (t, cost, expected) in enumerate(feasible)
         ]
         for t in missing:
             shown = _predicted(goal, healths[t.label], z)
             ranked.append(Ranked(t, f"slo: misses {objective}; closest left ({shown})"))
-        rescue_of = {label: by for label, (_, by) in judged.items()}
+        rescue_of = {label: r.by for label, r in judged.items()}
         ranked = rescue.rescues_next(goal, ranked, rescue_of, healths)
         if goal is not req:
             return _with_deadlines(goal, ranked, health, z)
-        probe = self._probe(req, feasible, missing, healths, rng, unknown)
-        if probe is None:
+        probe = self._probe(req, [(t, c) for t, c, _ in feasible], missing, healths, rng, unknown)
+        rest = [r for r in ranked if probe is not None and r.target.label != probe.label]
+        window = None if not rest else _probe_window_s(req, healths[rest[0].target.label])
+        if probe is None or window is None:
             return self._with_hedge(req, ranked, health)
-        rest = [r for r in ranked if r.target.label != probe.label]
         age = _evidence_age_s(req, healths[probe.label])
         known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
         if probe is not unknown:
             known += _predicted(req, healths[probe.label], z)
         reason = f"slo: exploring ({known}), cut in time for {rest[0].target.label}"
-        # Cut by the slack, however slow the target is predicted to be (see deadlines).
-        slack = _slack_s(req, healths[rest[0].target.label], z)
-        deadline = None if slack is None else Deadline(slack)
-        return [Ranked(probe, reason, deadline=deadline), *rest]
+        return [Ranked(probe, reason, deadline=Deadline(window)), *rest]
 
     def _judge_rescues(
         self,
@@ -144,20 +153,20 @@ class Slo:
         candidates: Sequence[Target],
         healths: dict[str, TargetHealth],
         over: dict[str, float],
-    ) -> dict[str, tuple[float | None, str]]:
+    ) -> dict[str, rescue.Rescue]:
         """Hold each target feasible at its tail to the rescue rules, in ``over``: one
         whose cut at its patience leaves no rescue in time (``rescue.rescued_in_time``)
         is feasible if its p99 meets the objective alone (not at a load never measured:
         ``rescue.load_unproven``) or it is worth cutting early (``rescue.early_cut_s``).
-        Returns, by label, each target judged with a rescue: (early cut or None, rescue)."""
-        judged: dict[str, tuple[float | None, str]] = {}
+        Returns, by label, each target judged with a rescue."""
+        judged: dict[str, rescue.Rescue] = {}
         for t in candidates:
             if not 0.0 < over[t.label] <= 1.0:
                 continue
             rescued, by = rescue.rescued_in_time(goal, t, candidates, healths, self.miss_p)
             if rescued:
                 if by is not None:
-                    judged[t.label] = (None, by)
+                    judged[t.label] = by
                 continue
             alone = _overshoot(goal, healths[t.label], self.alone_z)
             if alone > 1.0:
@@ -214,17 +223,37 @@ class Slo:
             return unknown
         if self.config.explore_share <= 0:
             return None
-        stale = [
-            t
-            for t in missing
-            if (cost := cost_usd(req, t)) is not None
-            and cost < best_cost
-            and _evidence_age_s(req, healths[t.label]) >= self.config.explore_after_s
+        return self._stale_probe(req, best_cost, missing, healths, rng)
+
+    def _stale_probe(
+        self,
+        req: RouteRequest,
+        best_cost: float,
+        missing: list[Target],
+        healths: dict[str, TargetHealth],
+        rng: random.Random,
+    ) -> Target | None:
+        """The cheaper missing target to probe: a recovering one (``_recovering``) whose
+        last cut is ``recover_after_s`` old, else, with probability ``explore_share``,
+        the stalest whose evidence is ``explore_after_s`` old."""
+        cheaper = [
+            t for t in missing if (cost := cost_usd(req, t)) is not None and cost < best_cost
         ]
-        recovering = [t for t in stale if _recovering(req, healths[t.label])]
-        if not recovering and (not stale or rng.random() >= self.config.explore_share):
+
+        def age(t: Target) -> float:
+            return _evidence_age_s(req, healths[t.label])
+
+        recovering = [
+            t
+            for t in cheaper
+            if _recovering(req, healths[t.label]) and age(t) >= self.config.recover_after_s
+        ]
+        if recovering:
+            return max(recovering, key=age)
+        stale = [t for t in cheaper if age(t) >= self.config.explore_after_s]
+        if not stale or rng.random() >= self.config.explore_share:
             return None
-        return max(recovering or stale, key=lambda t: _evidence_age_s(req, healths[t.label]))
+        return max(stale, key=age)
 
 
 def _evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
@@ -244,12 +273,49 @@ def _penalized(req: RouteRequest, health: TargetHealth) -> bool:
 
 
 def _recovering(req: RouteRequest, health: TargetHealth) -> bool:
-    """A stale target whose cut penalty covers ``req`` and that holds no request: the
-    next request with slack probes it without the ``explore_share`` draw, one probe at a
-    time (a cut renews the penalty's age): one probe per ``explore_after_s`` while it
-    hangs, found again within about that once it is back (the draw alone left ``mid``
-    unprobed 27-40 s after its hang end to end; decision 0010, session 16)."""
+    """A target whose cut penalty covers ``req`` and that holds no request: once its
+    last cut is ``recover_after_s`` old, the next request with slack probes it without
+    the ``explore_share`` draw, one probe at a time (a cut renews the penalty's age): one
+    probe per ``recover_after_s`` and a probe's cut while it hangs, found again within
+    about that once it is back. The draw alone left ``mid`` unprobed 27-40 s after its
+    hang end to end (decision 0010, session 16); a probe only every ``explore_after_s``
+    (10 s) left it 8 s, a dozen RAG requests at premium's price (session 18). The probe
+    is cut in time for its fallback's p99, so a probe costs the request a delay, not its
+    objective."""
     return _penalized(req, health) and health.in_flight == 0
+
+
+def _by_expected_cost(
+    req: RouteRequest,
+    feasible: Sequence[Target],
+    judged: dict[str, rescue.Rescue],
+    candidates: Sequence[Target],
+) -> list[tuple[Target, float | None, float | None]]:
+    """``feasible`` with their list and expected costs (``_expected_cost``), cheapest
+    first by expected cost (unpriced targets last, ties in config order). By list price
+    alone, ``budget`` cut early for premium about half the time (3 s RAG, its median
+    2.0 s, cut at 1.9 s) went before ``mid`` (five times its price, cut a sixth of the
+    time), and cost more in the end: 0.0012 + 0.48 x 0.027 USD against 0.005 + 0.16 x
+    0.027 (decision 0010, session 18)."""
+    by_label = {t.label: t for t in candidates}
+    costed = [
+        (t, cost, _expected_cost(req, cost, judged.get(t.label), by_label))
+        for t, cost in by_cost(req, feasible)
+    ]
+    return sorted(costed, key=lambda item: (item[2] is None, item[2] or 0.0))
+
+
+def _expected_cost(
+    req: RouteRequest,
+    cost: float | None,
+    judged_with: rescue.Rescue | None,
+    by_label: dict[str, Target],
+) -> float | None:
+    """A target's expected cost for ``req``: its own ``cost`` plus, when judged with a
+    rescue, the rescue's (an unpriced one: 0) times the chance it is cut. None: unpriced."""
+    if cost is None or judged_with is None:
+        return cost
+    return cost + judged_with.cut_p * (cost_usd(req, by_label[judged_with.by]) or 0.0)
 
 
 def _cost_or_inf(req: RouteRequest, target: Target) -> float:
@@ -323,6 +389,19 @@ def _with_deadlines(
     ]
 
 
+def _probe_window_s(req: RouteRequest, fallback: TargetHealth) -> float | None:
+    """How long a probe may take before it is cut in time for ``fallback``'s p99 TTFT
+    and the switch, however slow the probed target is predicted to be (see deadlines);
+    None when that leaves the probe under ``MIN_SHARE`` of the objective. At the
+    fallback's p90 (until session 18) one cut probe in ten left it too little time: end
+    to end, a probe of `mid` right after its hang missed."""
+    slack = _slack_s(req, fallback, RESERVE_Z)
+    if req.slo_ttft_ms is None or slack is None:
+        return None
+    window = slack - SWITCH_S
+    return window if window >= MIN_SHARE * req.slo_ttft_ms / 1000.0 else None
+
+
 def _slack_s(req: RouteRequest, fallback: TargetHealth, z: float) -> float | None:
     """Seconds of the TTFT objective left once ``fallback``'s tail TTFT is set aside (None:
     no objective, or the fallback is unmeasured)."""
@@ -382,19 +461,24 @@ def _predicted(req: RouteRequest, health: TargetHealth, z: float) -> str:
 
 def _feasible_reason(
     place: int,
-    cost: float | None,
+    costs: tuple[float | None, float | None],
     objective: str,
     req: RouteRequest,
     health: TargetHealth,
     z: float,
     early_cut_s: float | None = None,
 ) -> str:
+    """The reason of a feasible target; ``costs``: (list, expected) (``_expected_cost``),
+    the expected one shown when a rescue adds to it."""
     shown = _predicted(req, health, z)
     if shown == "unmeasured":
         shown = "unmeasured, explored"
     if early_cut_s is not None:
         shown += f", cut at {fmt_s(early_cut_s)} for a rescue"
+    cost, expected = costs
+    price = cost_reason(1, cost)
+    if cost is not None and expected is not None and expected > cost:
+        price += f", {fmt_usd(expected)} with its rescue"
     if place == 0:
-        price = "" if cost is None else f", {cost_reason(1, cost)}"
-        return f"slo: cheapest meeting {objective} ({shown}{price})"
-    return f"slo: meets {objective}, {cost_reason(1, cost)} ({shown})"
+        return f"slo: cheapest meeting {objective} ({shown}, {price})"
+    return f"slo: meets {objective}, {price} ({shown})"

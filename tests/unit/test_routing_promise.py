@@ -472,7 +472,8 @@ def test_loose_requests_sometimes_explore_a_stale_cheaper_target_first():
     health = Health(cheap=STALE_SLOW, dear=FAST)
     plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.01))
     assert [r.target.provider_name for r in plan] == ["cheap", "dear"]
-    assert plan[0].deadline == Deadline(pytest.approx(3.0 - 0.3))  # in time for dear
+    # in time for dear (no spread: its p99 is its mean) and the switch
+    assert plan[0].deadline == Deadline(pytest.approx(3.0 - 0.3 - 0.05))
     assert plan[0].reason.startswith("slo: exploring (estimate 30s old")
     assert "cut in time for dear/m" in plan[0].reason
     unlucky = Slo().plan(LOOSE, candidates, health, FixedRandom(0.06))  # over the 5% share
@@ -509,7 +510,7 @@ def test_one_unknown_target_at_a_time_counts_as_feasible():
     plan = Slo().plan(LOOSE, candidates, health, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["new1", "known", "new2", "busy"]
     assert plan[0].reason == "slo: exploring (unmeasured), cut in time for known/m"
-    assert plan[0].deadline == Deadline(pytest.approx(3.0 - 0.3))
+    assert plan[0].deadline == Deadline(pytest.approx(3.0 - 0.3 - 0.05))
 
 
 def test_with_nothing_measured_an_own_objective_follows_the_configured_order():
@@ -529,9 +530,11 @@ def test_with_nothing_measured_an_own_objective_follows_the_configured_order():
 
 def test_a_target_penalized_for_long_prompts_is_re_tried_with_one_once_its_cut_is_stale():
     """Short prompts keep a target's samples fresh, but its penalty for long prompts is
-    only as fresh as its last cut: a long request may explore it again 10 s after that
-    cut, a short one (not covered by the penalty) sees the fresh samples, and a recent
-    cut is not re-tried."""
+    only as fresh as its last cut: holding nothing, it is probed with a long request
+    again ``recover_after_s`` (3 s) after that cut; holding a request (a probe may be
+    under way), only by the draw, once the cut is ``explore_after_s`` (10 s) old. A short
+    request (not covered by the penalty) sees the fresh samples, and a recent cut is not
+    re-tried."""
     long_req = msgspec.structs.replace(LOOSE, prompt_tokens=4000)
     candidates = [tgt("cheap", 0.1), tgt("dear", 5.0)]
 
@@ -544,12 +547,17 @@ def test_a_target_penalized_for_long_prompts_is_re_tried_with_one_once_its_cut_i
             ttft_penalty_age_s=cut_age_s,
         )
 
-    def first(req: RouteRequest, cut_age_s: float) -> str:
-        health = Health(cheap=penalized(cut_age_s), dear=FAST)
-        return Slo().plan(req, candidates, health, FixedRandom(0.01))[0].target.provider_name
+    def first(req: RouteRequest, cut_age_s: float, in_flight: int = 0, draw: float = 0.9) -> str:
+        cheap = msgspec.structs.replace(penalized(cut_age_s), in_flight=in_flight)
+        health = Health(cheap=cheap, dear=FAST)
+        return Slo().plan(req, candidates, health, FixedRandom(draw))[0].target.provider_name
 
-    assert first(long_req, 12.0) == "cheap"  # covered, stale cut: explored
-    assert first(long_req, 3.0) == "dear"  # the cut is recent
+    assert first(long_req, 3.5) == "cheap"  # covered, holds nothing, cut 3 s old: probed
+    assert first(long_req, 2.0) == "dear"  # the cut is recent
+    assert first(long_req, 5.0, in_flight=1) == "dear"  # busy, not yet stale
+    assert first(long_req, 5.0, in_flight=1, draw=0.01) == "dear"
+    assert first(long_req, 12.0, in_flight=1) == "dear"  # stale, but the draw said no
+    assert first(long_req, 12.0, in_flight=1, draw=0.01) == "cheap"  # stale, drawn
     assert first(LOOSE, 12.0) == "dear"  # below the penalty's prompt: fresh samples
 
 
@@ -672,8 +680,12 @@ def _early(mid: TargetHealth, mid_price: float = 1.0, miss_p: float = 0.01) -> f
     healths = {"mid/m": mid, "premium/m": PREMIUM_RAG}
     early = early_cut_s(RAG, candidates[0], candidates, healths, miss_p)
     if early is not None:
-        assert early[1] == "premium/m"  # the rescue it is timed for
-    return None if early is None else early[0]
+        assert early.by == "premium/m"  # the rescue it is timed for
+        assert early.early_cut_s is not None
+        assert early.cut_p == pytest.approx(
+            ttft_exceeds_p(mid.ttft_s or 0.0, 0.45, early.early_cut_s)
+        )
+    return None if early is None else early.early_cut_s
 
 
 def test_an_early_cut_is_in_time_for_the_quickest_rescue_and_only_when_worth_it():
@@ -711,8 +723,10 @@ def test_early_cuts_keep_their_promises(mean, spread, rescue_mean, price):
     early = early_cut_s(RAG, candidates[0], candidates, healths, 0.01)
     if early is None:
         return
-    cut = early[0]
+    cut = early.early_cut_s
+    assert cut is not None
     cut_p = ttft_exceeds_p(mean, spread, cut)
+    assert early.cut_p == pytest.approx(cut_p)
     assert cut >= MIN_SHARE * 3.0 and cut_p <= EARLY_CUT_MAX_P
     assert price + cut_p * 5.0 < 5.0
 
@@ -741,7 +755,8 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
     mid = TargetHealth(ttft_s=1.45, ttft_spread=0.3, ttft_age_s=0.0)
     req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=3000)
     health = Health(premium=premium, budget=budget, mid=mid)
-    candidates = [tgt("premium", 5.0), tgt("mid", 1.0), tgt("budget", 0.3)]
+    # budget at 0.1: 0.1 + 0.23 x 5 expected, under mid's 1.0 + 0.065 x 5
+    candidates = [tgt("premium", 5.0), tgt("mid", 1.0), tgt("budget", 0.1)]
     plan = Slo().plan(req, candidates, health, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["budget", "premium", "mid"]
     assert plan[0].deadline is not None and plan[0].deadline.patience_s is None
@@ -750,6 +765,28 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
     assert plan[1].deadline.window_s(2.2) >= 3.0
     sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
     plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))  # no spread: never cut
+    assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
+
+
+def test_feasible_targets_are_ordered_by_expected_cost_with_their_rescues():
+    """As above, budget at 0.3: cut early a quarter of the time (0.23), premium then paid
+    too: 0.3 + 0.23 x 5 = 1.45 expected, above mid's 1.0 + 0.065 x 5 = 1.33 (cut at its
+    patience about one time in 15). mid goes first though its list price is higher;
+    premium, its rescue, right after it. A target judged with no rescue (never cut) is
+    its list price."""
+    premium = TargetHealth(ttft_s=0.37, ttft_spread=0.35, ttft_age_s=0.0)
+    budget = TargetHealth(ttft_s=1.7, ttft_spread=0.4, ttft_age_s=0.0)
+    mid = TargetHealth(ttft_s=1.45, ttft_spread=0.3, ttft_age_s=0.0)
+    req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=3000)
+    health = Health(premium=premium, budget=budget, mid=mid)
+    candidates = [tgt("premium", 5.0), tgt("mid", 1.0), tgt("budget", 0.3)]
+    plan = Slo().plan(req, candidates, health, FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["mid", "premium", "budget"]
+    assert "$0.00036 est., $0.00047 with its rescue)" in plan[0].reason
+    assert plan[1].deadline == Deadline(0.0, hang_patience_s(req, premium, 3.0))
+    # budget's early cut is what made it dearer: never cut, it is its list price
+    sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
+    plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
 
 
@@ -801,9 +838,10 @@ def test_a_request_no_target_can_rescue_is_not_bet_on_a_load_never_measured():
 
 def test_a_target_penalized_after_a_hang_is_probed_without_the_draw_one_probe_at_a_time():
     """After a hang the penalty keeps the target off for a minute and more; the draw
-    (5%) found it back 27-40 s after the hang ended end to end. A stale penalised target
-    that holds nothing is probed by the next request with slack; while a probe holds it,
-    others are not sent; exploration off stays off."""
+    (5%) found it back 27-40 s after the hang ended end to end. A penalised target that
+    holds nothing is probed by the next request with slack once its last cut is
+    ``recover_after_s`` old; while a probe holds it, others are not sent; exploration off
+    stays off."""
     candidates = [tgt("cheap", 0.1), tgt("dear", 5.0)]
     penalized = TargetHealth(
         ttft_s=1.0,
@@ -821,8 +859,9 @@ def test_a_target_penalized_after_a_hang_is_probed_without_the_draw_one_probe_at
     assert probe.target.provider_name == "cheap" and "exploring" in probe.reason
     busy = msgspec.structs.replace(penalized, in_flight=1)
     assert first(busy).target.provider_name == "dear"
-    fresh_cut = msgspec.structs.replace(penalized, ttft_penalty_age_s=3.0)
-    assert first(fresh_cut).target.provider_name == "dear"
+    fresh_cut = msgspec.structs.replace(penalized, ttft_penalty_age_s=2.9)
+    assert first(fresh_cut).target.provider_name == "dear"  # under recover_after_s (3 s)
+    assert first(fresh_cut, SloStrategy(recover_after_s=2.0)).target.provider_name == "cheap"
     assert first(penalized, SloStrategy(explore_share=0)).target.provider_name == "dear"
     slow = TargetHealth(ttft_s=4.0, ttft_age_s=30.0)  # stale, not penalised: the draw decides
     assert first(slow).target.provider_name == "dear"
