@@ -10,16 +10,9 @@ import msgspec
 
 from core.config_routing import SloStrategy
 from core.routing import HealthView, RouteRequest, TargetHealth
-from routers.strategies import rescue
+from routers.strategies import explore, rescue
 from routers.strategies.base import Ranked
-from routers.strategies.deadlines import (
-    MIN_SHARE,
-    RESERVE_Z,
-    SWITCH_S,
-    Deadline,
-    first_token_deadlines,
-    hedged_first,
-)
+from routers.strategies.deadlines import Deadline, first_token_deadlines, hedged_first
 from routers.strategies.lowest_cost import by_cost, cost_reason
 from routers.strategies.predict import cost_usd, fmt_s, fmt_usd, total_s, ttft_s, ttft_tail_s
 from routers.targets import Target
@@ -62,11 +55,15 @@ class Slo:
     measured one whose median meets the objective (``_unknowns_behind_close``). A target
     only ever cut is never feasible: its floor is a bound, not a prediction.
 
-    Exploration (``_probe``): an estimate is only corrected by new samples, and a target
+    Feasible targets are ordered by expected cost: a target judged with a rescue
+    (``rescue.Rescue``) costs its price plus the rescue's times the chance it is cut.
+
+    Exploration (``explore``): an estimate is only corrected by new samples, and a target
     predicted to miss gets none. So a request with slack (its own objective, at least
-    twice the cheapest feasible target's tail) may, with probability ``explore_share``,
-    try first the stalest cheaper target predicted to miss; the planner's first-token
-    deadline then cuts the try in time for the feasible target to meet the objective.
+    twice the cheapest feasible target's tail) tries first a cheaper target: an idle
+    unmeasured one, one penalised for cuts and holding nothing once its last cut is
+    ``recover_after_s`` old, or, with probability ``explore_share``, the stalest one
+    predicted to miss; the try is cut in time for the fallback's p99.
     """
 
     name = "slo"
@@ -113,7 +110,7 @@ class Slo:
             # configured order (nothing known: the operator's order, as priority's).
             if own and over[t.label] == _BUSY_UNMEASURED:
                 return over[t.label], position[t.label]
-            return over[t.label], _cost_or_inf(goal, t)
+            return over[t.label], explore.cost_or_inf(goal, t)
 
         if own:
             _unknowns_behind_close(goal, missing, healths, over)
@@ -135,12 +132,21 @@ class Slo:
         ranked = rescue.rescues_next(goal, ranked, rescue_of, healths)
         if goal is not req:
             return _with_deadlines(goal, ranked, health, z)
-        probe = self._probe(req, [(t, c) for t, c, _ in feasible], missing, healths, rng, unknown)
+        probe = explore.probe(
+            self.config,
+            self.z,
+            req,
+            [(t, c) for t, c, _ in feasible],
+            missing,
+            healths,
+            rng,
+            unknown,
+        )
         rest = [r for r in ranked if probe is not None and r.target.label != probe.label]
-        window = None if not rest else _probe_window_s(req, healths[rest[0].target.label])
+        window = None if not rest else explore.window_s(req, healths[rest[0].target.label])
         if probe is None or window is None:
             return self._with_hedge(req, ranked, health)
-        age = _evidence_age_s(req, healths[probe.label])
+        age = explore.evidence_age_s(req, healths[probe.label])
         known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
         if probe is not unknown:
             known += _predicted(req, healths[probe.label], z)
@@ -200,90 +206,6 @@ class Slo:
             return req
         return msgspec.structs.replace(req, slo_ttft_ms=default)
 
-    def _probe(
-        self,
-        req: RouteRequest,
-        feasible: list[tuple[Target, float | None]],
-        missing: list[Target],
-        healths: dict[str, TargetHealth],
-        rng: random.Random,
-        unknown: Target | None,
-    ) -> Target | None:
-        """The target to explore for ``req``, or None (see the class docstring):
-        ``unknown`` (the cheapest idle unmeasured target) whenever the slack allows, a
-        stale penalised one holding nothing (``_recovering``) too, another stale one with
-        probability ``explore_share``."""
-        if not feasible or req.slo_ttft_ms is None:
-            return None
-        best, best_cost = feasible[0]
-        slack = _slack_s(req, healths[best.label], self.z)
-        if best_cost is None or slack is None or slack < req.slo_ttft_ms / 2000.0:
-            return None  # unpriced, unmeasured, or too little slack to spare
-        if unknown is not None and _cost_or_inf(req, unknown) < best_cost:
-            return unknown
-        if self.config.explore_share <= 0:
-            return None
-        return self._stale_probe(req, best_cost, missing, healths, rng)
-
-    def _stale_probe(
-        self,
-        req: RouteRequest,
-        best_cost: float,
-        missing: list[Target],
-        healths: dict[str, TargetHealth],
-        rng: random.Random,
-    ) -> Target | None:
-        """The cheaper missing target to probe: a recovering one (``_recovering``) whose
-        last cut is ``recover_after_s`` old, else, with probability ``explore_share``,
-        the stalest whose evidence is ``explore_after_s`` old."""
-        cheaper = [
-            t for t in missing if (cost := cost_usd(req, t)) is not None and cost < best_cost
-        ]
-
-        def age(t: Target) -> float:
-            return _evidence_age_s(req, healths[t.label])
-
-        recovering = [
-            t
-            for t in cheaper
-            if _recovering(req, healths[t.label]) and age(t) >= self.config.recover_after_s
-        ]
-        if recovering:
-            return max(recovering, key=age)
-        stale = [t for t in cheaper if age(t) >= self.config.explore_after_s]
-        if not stale or rng.random() >= self.config.explore_share:
-            return None
-        return max(stale, key=age)
-
-
-def _evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
-    """How old what rules ``health``'s prediction for ``req`` is: the cut penalty's age
-    when the penalty covers ``req``'s prompt, else the last sample's. Short prompts that a
-    target keeps serving refresh its samples, but say nothing about the long prompts it
-    was cut on; without this, a target that hung on long prompts was never re-tried with
-    one, and kept none of them until its penalty had decayed (a minute and more)."""
-    if _penalized(req, health) and health.ttft_penalty_age_s is not None:
-        return health.ttft_penalty_age_s
-    return health.ttft_age_s or 0.0
-
-
-def _penalized(req: RouteRequest, health: TargetHealth) -> bool:
-    """Whether ``health``'s cut penalty covers ``req``'s prompt."""
-    return health.ttft_penalty > 1.0 and req.prompt_tokens >= health.ttft_penalty_from_tokens
-
-
-def _recovering(req: RouteRequest, health: TargetHealth) -> bool:
-    """A target whose cut penalty covers ``req`` and that holds no request: once its
-    last cut is ``recover_after_s`` old, the next request with slack probes it without
-    the ``explore_share`` draw, one probe at a time (a cut renews the penalty's age): one
-    probe per ``recover_after_s`` and a probe's cut while it hangs, found again within
-    about that once it is back. The draw alone left ``mid`` unprobed 27-40 s after its
-    hang end to end (decision 0010, session 16); a probe only every ``explore_after_s``
-    (10 s) left it 8 s, a dozen RAG requests at premium's price (session 18). The probe
-    is cut in time for its fallback's p99, so a probe costs the request a delay, not its
-    objective."""
-    return _penalized(req, health) and health.in_flight == 0
-
 
 def _by_expected_cost(
     req: RouteRequest,
@@ -316,11 +238,6 @@ def _expected_cost(
     if cost is None or judged_with is None:
         return cost
     return cost + judged_with.cut_p * (cost_usd(req, by_label[judged_with.by]) or 0.0)
-
-
-def _cost_or_inf(req: RouteRequest, target: Target) -> float:
-    cost = cost_usd(req, target)
-    return math.inf if cost is None else cost
 
 
 def _explore_one_unknown(
@@ -370,8 +287,8 @@ def _unknowns_behind_close(
     for target in missing:
         if over[target.label] not in (_BUSY_UNMEASURED, _CUT_ONLY):
             continue
-        cost = _cost_or_inf(req, target)
-        pricier = [over[t.label] for t in close if _cost_or_inf(req, t) > cost]
+        cost = explore.cost_or_inf(req, target)
+        pricier = [over[t.label] for t in close if explore.cost_or_inf(req, t) > cost]
         if pricier:
             over[target.label] = math.nextafter(min(pricier), math.inf)
 
@@ -387,28 +304,6 @@ def _with_deadlines(
         msgspec.structs.replace(r, deadline=r.deadline or deadlines.get(r.target.label))
         for r in ranked
     ]
-
-
-def _probe_window_s(req: RouteRequest, fallback: TargetHealth) -> float | None:
-    """How long a probe may take before it is cut in time for ``fallback``'s p99 TTFT
-    and the switch, however slow the probed target is predicted to be (see deadlines);
-    None when that leaves the probe under ``MIN_SHARE`` of the objective. At the
-    fallback's p90 (until session 18) one cut probe in ten left it too little time: end
-    to end, a probe of `mid` right after its hang missed."""
-    slack = _slack_s(req, fallback, RESERVE_Z)
-    if req.slo_ttft_ms is None or slack is None:
-        return None
-    window = slack - SWITCH_S
-    return window if window >= MIN_SHARE * req.slo_ttft_ms / 1000.0 else None
-
-
-def _slack_s(req: RouteRequest, fallback: TargetHealth, z: float) -> float | None:
-    """Seconds of the TTFT objective left once ``fallback``'s tail TTFT is set aside (None:
-    no objective, or the fallback is unmeasured)."""
-    tail = ttft_tail_s(req, fallback, z)
-    if req.slo_ttft_ms is None or tail is None:
-        return None
-    return req.slo_ttft_ms / 1000.0 - tail
 
 
 def _objective(req: RouteRequest, *, defaulted: bool = False) -> str | None:
