@@ -53,8 +53,7 @@ again. ``None`` for ``relax_half_life_s`` keeps the fast fit alone.
 
 Load. Each TTFT sample may come with the number of requests the gateway already had in
 flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
-multiplier per in-flight count from those (once the fit has seen a few prompts as long:
-``_fitted_at``), and the fits learn from samples divided by
+multiplier per in-flight count from those, and the fits learn from samples divided by
 their multiplier, i.e. the target's no-load TTFT. ``health(label, in_flight)`` hands the
 strategies the multiplier for the count there is now, or the larger one that attempts
 still waiting past their p99 imply (``policies.overdue``: a queue seen before it answers).
@@ -102,7 +101,6 @@ DEFAULT_ALPHA = 0.1
 DEFAULT_SLOW_ALPHA = 0.02
 DEFAULT_LOAD_ALPHA = 0.2  # the load curve's bands: each sees few samples, queues move fast
 DEFAULT_RELAX_HALF_LIFE_S = 30.0
-LOAD_MIN_BAND_SAMPLES = 3  # see LatencyStats._fitted_at
 
 
 class _Ewma(Struct):
@@ -209,11 +207,7 @@ class LatencyStats:
         if in_flight is not None:
             factor = self.load.factor(label, in_flight)
             model = self.ttft_model(label)
-            if (
-                model is not None
-                and prompt_tokens is not None
-                and self._fitted_at(label, prompt_tokens)
-            ):
+            if model is not None and prompt_tokens is not None:
                 self.load.observe(label, in_flight, seconds, model.predict(prompt_tokens))
         no_load = seconds / factor
         self._update(self._ttft, label, no_load)
@@ -221,22 +215,6 @@ class LatencyStats:
             x = float(prompt_tokens)
             self._fit(self._fits, label, x, no_load, slow=False)
             self._fit(self._slow, label, x, no_load, slow=True)
-
-    def _fitted_at(self, label: str, prompt_tokens: int) -> bool:
-        """Whether the fast fit has checked at least ``LOAD_MIN_BAND_SAMPLES`` samples in
-        the band of prompt lengths of ``prompt_tokens`` (``core.routing.spread_band``).
-        Only then does a sample teach the load curve: against a fit that has not seen such
-        prompts, a long prompt's prefill reads as load. End to end, premium (no queue at
-        all) fitted on chat prompts with a slope still near 0 read 2.6x slower at 6 in
-        flight from its first two 5,000-token samples (the extra prefill, ~0.25 s on
-        0.3 s), so 800 ms requests went to slower targets for a second; and divided by
-        that factor, the long samples taught the fit no slope (decision 0010, session
-        18)."""
-        fit = self._fits.get(label)
-        if fit is None:
-            return False
-        weight = fit.band_weight[spread_band(prompt_tokens)]
-        return checked_samples(weight, self.alpha) >= LOAD_MIN_BAND_SAMPLES - 1e-9
 
     def observe_tokens(self, label: str, tokens: int, seconds: float) -> None:
         """``tokens`` output tokens generated in ``seconds`` after the first one; one TPOT

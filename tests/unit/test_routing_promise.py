@@ -148,8 +148,7 @@ def test_the_most_in_flight_seen_is_the_curves_extent_and_forgets_stale_bands():
     clock.advance(200.0)  # all but the band of 2 are stale now
     assert curve.most_seen("a") == 2
     stats = LatencyStats(FakeClock(), prior_tokens=0)
-    for _ in range(4):  # the fit's first, then 3 it checks (``LatencyStats._fitted_at``)
-        stats.observe_ttft("b", 0.3, prompt_tokens=100, in_flight=0)
+    stats.observe_ttft("b", 0.3, prompt_tokens=100, in_flight=0)  # the fit's first
     stats.observe_ttft("b", 0.3, prompt_tokens=100, in_flight=1)  # then the curve's
     assert stats.health("b", in_flight=4).ttft_load_seen == 1
 
@@ -167,34 +166,13 @@ def test_target_load_counts_what_is_held():
 # ---------------------------------------------------------------- latency stats
 def test_samples_under_load_teach_the_curve_not_the_no_load_fit():
     stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0, load_alpha=0.5)
-    for _ in range(16):  # the first few teach the fit only (``LatencyStats._fitted_at``)
+    for _ in range(10):
         stats.observe_ttft("a", 0.5, prompt_tokens=100, in_flight=0)
         stats.observe_ttft("a", 2.0, prompt_tokens=100, in_flight=8)
     assert stats.health("a", 8).ttft_load_factor == pytest.approx(4.0, rel=0.02)
     idle = stats.health("a", 0)
     assert idle.ttft_load_factor == 1.0 and idle.in_flight == 0
     assert stats.ttft_model("a").predict(100) == pytest.approx(0.5, rel=0.02)
-
-
-def test_prompts_longer_than_the_fit_has_seen_teach_the_fit_not_the_curve():
-    """A target with no queue, fitted on chat prompts (slope still 0 with the ridge
-    prior), then sent 5,000-token prompts while it holds more: their extra prefill is no
-    slow-down at that load. The first three in their band of prompt lengths teach the fit
-    only; once it has checked three there, such samples count for the curve too, and a
-    real queue is then learnt from them as from short ones."""
-    stats = LatencyStats(FakeClock())
-    for _ in range(8):
-        stats.observe_ttft("a", 0.3, prompt_tokens=200, in_flight=2)
-    for _ in range(3):
-        stats.observe_ttft("a", 0.55, prompt_tokens=5000, in_flight=6)
-    assert stats.health("a", 6).ttft_load_factor == 1.0
-    assert stats.load.most_seen("a") == 2  # the long ones did not reach the curve
-    model = stats.ttft_model("a")
-    assert model is not None and model.per_token_s > 0  # they taught the fit a slope
-    for _ in range(6):  # a real queue at 10 in flight, on long prompts
-        stats.observe_ttft("a", 3.0, prompt_tokens=5000, in_flight=10)
-    assert stats.load.most_seen("a") == 10
-    assert stats.health("a", 10).ttft_load_factor > 2.0
 
 
 def test_a_quiet_target_relaxes_towards_its_longer_run():
