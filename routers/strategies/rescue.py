@@ -70,9 +70,13 @@ def rescued_in_time(
     needs both to be late, so the chance is the product (their latencies are independent
     draws). True when there is nothing to judge (no objective, ``target`` unmeasured).
 
-    A target never measured is no rescue here (``rescuable`` still counts it: it may be
-    the fast one). Counting it as one (until session 17) meant at start-up that no rescue
-    was named while one was unmeasured: the box went first, premium after it kept its
+    A target never measured is no rescue here while a measured one can be judged
+    (``rescuable`` still counts it: it may be the fast one); with no other measured
+    target at all, an unmeasured one is still the hope it was (without it, a cheap
+    target feasible at its p90 but not its p99 for 1 s was dropped for an unmeasured
+    dear one: the spill-over integration test, session 18). Counting it as one whenever
+    some target was unmeasured (until session 17) meant at start-up that no rescue was
+    named while one was unmeasured: the box went first, premium after it kept its
     own patience, was cut on a long prompt its fit had not seen yet, and the request
     ended on ``budget`` past 5 s (3-4 of a cell's 6-9 misses were such start-up chains;
     decision 0010, session 17).
@@ -106,6 +110,10 @@ def rescued_in_time(
         cut_p = ttft_exceeds_p(first, spread, min(cut, objective))
         # never cut: no rescue to place ("")
         best = min(best, (cut_p * late_p, late_p, other.label if cut_p > 0.0 else "", cut_p))
+    if best == (1.0, 1.0, "", 0.0) and any(
+        ttft_s(req, healths[o.label]) is None for o in candidates if o.label != target.label
+    ):
+        return True, None  # no measured rescue at all: an unmeasured one may be the fast one
     return best[0] <= miss_p, Rescue(best[2], best[3]) if best[2] else None
 
 

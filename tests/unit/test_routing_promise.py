@@ -980,3 +980,17 @@ def test_goodput_counts_met_objectives_per_second_over_the_window():
     assert (got.requests, got.met) == (1, 1)
     clock.advance(10)
     assert meter.snapshot() == {}
+
+
+def test_with_no_measured_rescue_an_unmeasured_target_is_still_the_hope():
+    """The spill-over integration test: a cheap target measured at 0.4 s with a wide
+    spread (p90 0.63 s, p99 1.03 s) and a dear one never measured, 1 s objective. No
+    measured rescue exists, so the unmeasured one may be it: the cheap target is judged
+    at its p90 and goes first. With a measured rescue beside it, the rule of session 17
+    holds (the cheap target must leave that rescue time, and is judged with it)."""
+    cheap = TargetHealth(ttft_s=0.4, ttft_spread=0.45, ttft_age_s=0.0)
+    req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=1000)
+    candidates = [tgt("cheap", 0.1), tgt("dear", 5.0)]
+    plan = Slo().plan(req, candidates, Health(cheap=cheap), FixedRandom(0.9))
+    assert [r.target.provider_name for r in plan] == ["cheap", "dear"]
+    assert ttft_quantile_s(0.4, 0.45, 2.3263) > 1.0  # its p99 alone would miss
