@@ -110,9 +110,9 @@ def rescued_in_time(
         cut_p = ttft_exceeds_p(first, spread, min(cut, objective))
         # never cut: no rescue to place ("")
         best = min(best, (cut_p * late_p, late_p, other.label if cut_p > 0.0 else "", cut_p))
-    if best == (1.0, 1.0, "", 0.0) and any(
-        ttft_s(req, healths[o.label]) is None for o in candidates if o.label != target.label
-    ):
+    others = [healths[o.label] for o in candidates if o.label != target.label]
+    measured = [h for h in others if not cut_only(h) and ttft_s(req, h) is not None]
+    if not measured and any(ttft_s(req, h) is None for h in others):
         return True, None  # no measured rescue at all: an unmeasured one may be the fast one
     return best[0] <= miss_p, Rescue(best[2], best[3]) if best[2] else None
 
