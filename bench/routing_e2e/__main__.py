@@ -125,7 +125,7 @@ def build_report(settings: Settings, runs: list[PolicyRun]) -> dict[str, Any]:
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(settings).items()},
         "per_seed": metrics,
         "aggregate": agg,
-        "verdicts": report.verdicts(agg),
+        "verdicts": report.verdicts(agg, metrics),
         "configs": {
             f"{r.seed}/{r.feed}/{r.policy}": r.config
             for r in runs[: len(settings.policies) * len(settings.feeds)]

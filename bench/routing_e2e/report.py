@@ -9,8 +9,11 @@ Contract (all pure):
   ``outage`` = attainment of requests with an objective that arrived inside the window.
 - ``aggregate(metrics)`` -> per (feed, policy): means over seeds, SE across seeds (None
   with one seed) and the pooled binomial SE.
-- ``verdicts(agg)`` -> per feed: slo vs priority, saving and attainment difference against
-  its SE (paired across seeds with >= 2 seeds, else binomial).
+  ``objective_met`` lists ``(block, met)`` per request with an objective, in trace order
+  (``bench.routing_e2e.paired``).
+- ``verdicts(agg, metrics)`` -> per feed: slo vs priority, saving and attainment
+  difference against its SE, paired request by request and clustered in blocks of trace
+  time (``bench.routing_e2e.paired``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import Counter
 from typing import Any
 
 from bench.routing_e2e.menu import MENU, ORDER
+from bench.routing_e2e.paired import BLOCK_S, block_of, clustered_difference
 from bench.routing_e2e.runner import PolicyRun
 from bench.routing_e2e.workload import NOMINAL_NONE_MS, OBJECTIVE_MS
 
@@ -114,6 +118,9 @@ def run_metrics(run: PolicyRun) -> dict[str, Any]:
             "window_s": [lo, hi],
             **_att(sum(_met(run, i, trace[i].slo_ttft_ms) for i in in_window), len(in_window)),
         },
+        "objective_met": [
+            (block_of(trace[i].at_s), _met(run, i, trace[i].slo_ttft_ms)) for i in with_obj
+        ],
         "fallbacks": sum(1 for o in outs if (o.attempts or 1) > 1),
         "upstreams": ups,
         "harness_loop_lag_s": run.loop_lag_s,
@@ -168,9 +175,10 @@ def aggregate(metrics: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def verdicts(agg: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def verdicts(agg: dict[str, dict[str, Any]], metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """slo (and slo_hedged) vs priority per feed: holds when it saves >= 40% and its
-    overall attainment is at least priority's minus one SE of the difference."""
+    overall attainment is at least priority's minus one SE of the difference (paired by
+    request, clustered in blocks of trace time: ``bench.routing_e2e.paired``)."""
     out = []
     for feed, name in itertools.product(
         sorted({a["feed"] for a in agg.values()}), ("slo", "slo_hedged")
@@ -179,17 +187,11 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if slo is None or pri is None or not pri["cost_per_1k"]:
             continue
         saving = 1 - slo["cost_per_1k"] / pri["cost_per_1k"]
-        a, b = slo["overall_by_seed"], pri["overall_by_seed"]
-        diff = slo["classes"]["overall"]["mean"] - pri["classes"]["overall"]["mean"]
-        if len(a) >= 2:
-            se = statistics.stdev([x - y for x, y in zip(a, b, strict=True)]) / math.sqrt(len(a))
-            how = "paired across seeds"
-        else:
-            se = math.hypot(
-                slo["classes"]["overall"]["se_binom"], pri["classes"]["overall"]["se_binom"]
-            )
-            how = "binomial, one seed"
-        holds = saving >= TARGET_SAVING and diff >= -se
+        diff, se, clusters = clustered_difference(
+            _objective_met(metrics, feed, name, slo["seeds"]),
+            _objective_met(metrics, feed, "priority", slo["seeds"]),
+        )
+        holds = saving >= TARGET_SAVING and se is not None and diff >= -se
         out.append(
             {
                 "feed": feed,
@@ -197,11 +199,19 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "saving": saving,
                 "attainment_diff": diff,
                 "se": se,
-                "se_kind": how,
+                "clusters": clusters,
                 "holds": holds,
             }
         )
     return out
+
+
+def _objective_met(
+    metrics: list[dict[str, Any]], feed: str, policy: str, seeds: list[int]
+) -> list[list[tuple[int, bool]]]:
+    """Per seed (in ``seeds``' order), the ``objective_met`` list of that policy's run."""
+    runs = {m["seed"]: m for m in metrics if m["feed"] == feed and m["policy"] == policy}
+    return [[(int(b), bool(met)) for b, met in runs[seed]["objective_met"]] for seed in seeds]
 
 
 def _f(value: float | None, fmt: str) -> str:
@@ -241,7 +251,8 @@ def verdict_lines(items: list[dict[str, Any]]) -> str:
         lines.append(
             f"verdict [{v['feed']}] {v['policy']} vs priority: saving {v['saving'] * 100:.1f}% "
             f"(target >= {TARGET_SAVING * 100:.0f}%), attainment diff {v['attainment_diff'] * 100:+.1f} pts "
-            f"vs SE {v['se'] * 100:.1f} pts ({v['se_kind']}): "
+            f"vs SE {_f(None if v['se'] is None else v['se'] * 100, '.2f')} pts "
+            f"(paired by request, {v['clusters']} clusters of {BLOCK_S:g} s): "
             + ("HOLDS" if v["holds"] else "DOES NOT HOLD")
         )
     return "\n".join(lines)
