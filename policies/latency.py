@@ -54,9 +54,15 @@ again. ``None`` for ``relax_half_life_s`` keeps the fast fit alone.
 Load. Each TTFT sample may come with the number of requests the gateway already had in
 flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
 multiplier per in-flight count from those, and the fits learn from samples divided by
-their multiplier, i.e. the target's no-load TTFT. ``health(label, in_flight)`` hands the
-strategies the multiplier for the count there is now, or the larger one that attempts
-still waiting past their p99 imply (``policies.overdue``: a queue seen before it answers).
+their multiplier, i.e. the target's no-load TTFT. A prompt longer than the slow fit
+has seen (by over ``prior_tokens``: ``ttft_fit.beyond_reach``) teaches the fits only,
+and its attempt is not watched for being overdue: its prediction extrapolates a slope
+that starts at 0 and is learnt from such prompts, so its error is the slope's more than
+the load's (end to end, premium, with no queue at all, read 2.6x slower at 6 in flight
+while its first 5,000-token attempts, after chat prompts only, ran past their p99).
+``health(label, in_flight)`` hands the strategies the multiplier for the count there is
+now, or the larger one that attempts still waiting past their p99 imply
+(``policies.overdue``: a queue seen before it answers).
 
 Cuts. An attempt cut at its first-token deadline is no sample (its TTFT is only known to
 exceed the wait). Each is evidence towards the cut penalty (``policies.cuts``: one cut
@@ -83,6 +89,7 @@ from policies.ttft_fit import (
     Fit,
     TtftModel,
     band_spreads,
+    beyond_reach,
     censored,
     checked_samples,
     learn,
@@ -207,7 +214,11 @@ class LatencyStats:
         if in_flight is not None:
             factor = self.load.factor(label, in_flight)
             model = self.ttft_model(label)
-            if model is not None and prompt_tokens is not None:
+            if (
+                model is not None
+                and prompt_tokens is not None
+                and not self._extrapolated(label, prompt_tokens)
+            ):
                 self.load.observe(label, in_flight, seconds, model.predict(prompt_tokens))
         no_load = seconds / factor
         self._update(self._ttft, label, no_load)
@@ -215,6 +226,13 @@ class LatencyStats:
             x = float(prompt_tokens)
             self._fit(self._fits, label, x, no_load, slow=False)
             self._fit(self._slow, label, x, no_load, slow=True)
+
+    def _extrapolated(self, label: str, prompt_tokens: int) -> bool:
+        """Whether ``label``'s prediction for ``prompt_tokens`` extrapolates its slope
+        (``ttft_fit.beyond_reach`` of the slow fit, by ``prior_tokens``): its error is
+        then no evidence of load (see the module docstring)."""
+        slow = self._slow.get(label)
+        return slow is not None and beyond_reach(slow, prompt_tokens, self.prior_tokens)
 
     def observe_tokens(self, label: str, tokens: int, seconds: float) -> None:
         """``tokens`` output tokens generated in ``seconds`` after the first one; one TPOT
@@ -305,7 +323,7 @@ class LatencyStats:
         for its first token (``policies.overdue``) when the target is measured and the
         prompt known. Returns the ticket ``attempt_finished`` takes back (None: none)."""
         predicted = self._predicted(label, prompt_tokens, in_flight or 0)
-        if predicted is None:
+        if predicted is None or self._extrapolated(label, prompt_tokens or 0):
             return None
         expected, spread, factor = predicted
         return self.overdue.start(label, ttft_quantile_s(expected, spread, OVERDUE_Z), factor)

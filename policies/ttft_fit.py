@@ -122,6 +122,15 @@ def learn(
         fit.slope = max(0.0, (fit.cov_xy + prior * fit.slope) / (fit.var_x + prior))
 
 
+def beyond_reach(fit: Fit, tokens: float, margin: float) -> bool:
+    """Whether a prompt of ``tokens`` is longer than those ``fit`` has seen (their mean
+    plus two standard deviations) by more than ``margin``: predicting it extrapolates the
+    slope. One-sided: the slope starts at 0 and the ridge keeps what it learnt, so a slope
+    not yet learnt errs low, on long prompts, while a short prompt after long ones meets
+    a slope already learnt."""
+    return tokens > fit.mean_x + 2.0 * math.sqrt(max(fit.var_x, 0.0)) + margin
+
+
 def spread_of(fit: Fit) -> float | None:
     return math.sqrt(fit.err2) if fit.err_weight > 0 else None
 

@@ -26,6 +26,7 @@ from policies.cuts import CUT_FACTOR, MAX_PENALTY, CutPenalties
 from policies.goodput import GoodputMeter
 from policies.latency import LatencyStats
 from policies.load import BAND_EDGES, MAX_FACTOR, LoadCurve, TargetLoad, band_of
+from policies.ttft_fit import Fit, beyond_reach
 from routers.executor import Executor
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import (
@@ -173,6 +174,41 @@ def test_samples_under_load_teach_the_curve_not_the_no_load_fit():
     idle = stats.health("a", 0)
     assert idle.ttft_load_factor == 1.0 and idle.in_flight == 0
     assert stats.ttft_model("a").predict(100) == pytest.approx(0.5, rel=0.02)
+
+
+def test_prompts_longer_than_the_fit_has_seen_teach_the_fit_not_the_curve():
+    """A target with no queue, fitted on chat prompts (slope still 0), then sent
+    5,000-token prompts while it holds more: their extra prefill is no slow-down at that
+    load. While such prompts lie beyond the fit's reach (``ttft_fit.beyond_reach``) they
+    teach the fit only; once it has seen them, they count for the curve too, and a real
+    queue is then learnt from long prompts as from short ones."""
+    stats = LatencyStats(FakeClock())
+    for _ in range(8):
+        stats.observe_ttft("a", 0.3, prompt_tokens=200, in_flight=2)
+    for _ in range(2):
+        stats.observe_ttft("a", 0.55, prompt_tokens=5000, in_flight=6)
+    assert stats.health("a", 6).ttft_load_factor == 1.0
+    assert stats.load.most_seen("a") == 2  # the long ones did not reach the curve
+    model = stats.ttft_model("a")
+    assert model is not None and model.per_token_s > 20e-6  # they taught the fit a slope
+    # Nor is an attempt whose prompt lies beyond the fit's reach watched for being overdue
+    # (``policies.overdue``): running past a p99 drawn with an unlearnt slope is no queue.
+    chat_only = LatencyStats(FakeClock())
+    for _ in range(8):
+        chat_only.observe_ttft("a", 0.3, prompt_tokens=200, in_flight=2)
+    assert chat_only.attempt_started("a", prompt_tokens=5000, in_flight=6) is None
+    assert chat_only.attempt_started("a", prompt_tokens=300, in_flight=6) is not None
+    for _ in range(6):  # a real queue at 10 in flight, on long prompts
+        stats.observe_ttft("a", 3.0, prompt_tokens=5000, in_flight=10)
+    assert stats.load.most_seen("a") == 10
+    assert stats.health("a", 10).ttft_load_factor > 2.0
+
+
+def test_reach_is_the_prompts_seen_plus_a_margin():
+    fit = Fit(1.0, 200.0, 0.3, 100.0**2, 0.0, 0.0, 0.0, 0.0)  # prompts 200 +- 100
+    assert not beyond_reach(fit, 1400, margin=1000)  # 200 + 2 x 100 + 1000
+    assert beyond_reach(fit, 1401, margin=1000)
+    assert not beyond_reach(fit, 10, margin=0)  # shorter prompts are never beyond
 
 
 def test_a_quiet_target_relaxes_towards_its_longer_run():
