@@ -30,7 +30,8 @@ per target (every target kind, metrics feed or not), so it learns the curve itse
     share of long prompts) read up to 4x slower at its busiest, from noise in sparse
     bands, extended linearly; its predictions swung from 57 ms to 1.3 s and an 800 ms
     request went to a slower target as "closest". A real queue is many standard errors
-    deep and is still learnt from a handful of samples;
+    deep and is still learnt from a handful of samples. A band of one sample counts for
+    nothing (``MIN_EVIDENCE``): its error is the prior's whatever the sample read;
   * above the most-loaded band measured, extended linearly through the two most-loaded
     bands (a queue in front of a fixed number of slots grows its wait linearly with its
     length, Little's law), never below the last band, capped at ``MAX_FACTOR``.
