@@ -30,8 +30,7 @@ per target (every target kind, metrics feed or not), so it learns the curve itse
     share of long prompts) read up to 4x slower at its busiest, from noise in sparse
     bands, extended linearly; its predictions swung from 57 ms to 1.3 s and an 800 ms
     request went to a slower target as "closest". A real queue is many standard errors
-    deep and is still learnt from a handful of samples. A band of one sample counts for
-    nothing (``MIN_EVIDENCE``): its error is the prior's whatever the sample read;
+    deep and is still learnt from a handful of samples;
   * above the most-loaded band measured, extended linearly through the two most-loaded
     bands (a queue in front of a fixed number of slots grows its wait linearly with its
     length, Little's law), never below the last band, capped at ``MAX_FACTOR``.
@@ -63,7 +62,6 @@ MAX_FACTOR = 100.0
 MAX_WEIGHT = 10  # a band's weight in the isotonic fit: its samples, up to this
 PRIOR_VARIANCE = 0.4**2  # a band's log-ratio variance before its samples say (log-normal 0.4)
 SIGNIFICANCE_Z = 1.0  # a slow-down counts only beyond this many standard errors
-MIN_EVIDENCE = 2.0  # and only once seen in this many samples (``_significant``)
 
 
 class _Band(Struct):
@@ -101,14 +99,12 @@ class LoadCurve:
         alpha: float = 0.2,
         max_age_s: float | None = 300.0,
         significance_z: float = SIGNIFICANCE_Z,
-        min_evidence: float = MIN_EVIDENCE,
     ):
         if not 0 < alpha <= 1:
             raise ValueError("alpha must be in (0, 1]")
         self._clock = clock
         self.alpha = alpha
         self.z = significance_z
-        self.min_evidence = min_evidence
         self.max_age_s = max_age_s
         self._bands: dict[str, dict[int, _Band]] = {}
 
@@ -154,9 +150,7 @@ class LoadCurve:
         # The running maximum keeps the factor non-decreasing: a band with fewer samples
         # (a wider error) may count for less than the band below it.
         factors = list(
-            itertools.accumulate(
-                (_significant(p, points[0], self.z, self.min_evidence) for p in points), max
-            )
+            itertools.accumulate((_significant(point, points[0], self.z) for point in points), max)
         )
         target = band_of(in_flight)
         factor = 1.0
@@ -226,17 +220,13 @@ def _isotonic(
     return [(mean, w, var) for mean, w, var, n in blocks for _ in range(int(n))]
 
 
-def _significant(point: _Level, floor: _Level, z: float, min_evidence: float) -> float:
+def _significant(point: _Level, floor: _Level, z: float) -> float:
     """``point``'s factor over the least-loaded band, counting only the part of the
     difference beyond ``z`` standard errors: noise in a few samples (or in a
     sparse least-loaded band, the reference of every other) reads as no slow-down, while a
-    real queue, many standard errors deep, is learnt from a handful of samples. A band
-    (or pooled block) of fewer than ``min_evidence`` samples counts for nothing: one
-    sample's error is the prior's, whatever it read, so one tail draw of a target with no
-    queue passed the test (end to end, premium's 0.75 s answer to a chat prompt predicted
-    at 0.28 s, the first at 4 in flight, read 1.5x there and, extended, 2.6x at 6)."""
+    real queue, many standard errors deep, is learnt from a handful of samples."""
     excess = point.level - floor.level
-    if excess <= 0 or point.weight < min_evidence:
+    if excess <= 0:
         return 1.0
     error = math.sqrt(point.variance / point.weight + floor.variance / floor.weight)
     return math.exp(max(0.0, excess - z * error))

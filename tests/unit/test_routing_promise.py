@@ -50,7 +50,7 @@ def test_bands_are_exact_at_low_counts_and_wider_above():
 
 
 def test_factor_is_relative_to_the_least_loaded_band():
-    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0, min_evidence=1)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     assert curve.factor("a", 5) == 1.0  # nothing known
     curve.observe("a", 1, actual_s=1.2, no_load_s=1.0)  # the base under-predicts a bit
     assert curve.factor("a", 1) == 1.0 and curve.factor("a", 0) == 1.0  # one band: 1
@@ -60,7 +60,7 @@ def test_factor_is_relative_to_the_least_loaded_band():
 
 
 def test_factor_never_falls_with_load_and_noise_is_pooled_not_maximised():
-    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0, min_evidence=1)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     curve.observe("a", 0, 1.0, 1.0)
     curve.observe("a", 4, 4.0, 1.0)
     curve.observe("a", 6, 2.0, 1.0)  # quicker than at 4: the two are pooled (one each)
@@ -72,7 +72,7 @@ def test_factor_never_falls_with_load_and_noise_is_pooled_not_maximised():
 
 def test_above_the_last_band_the_factor_grows_linearly():
     """Little's law: a queue in front of fixed slots grows its wait with its length."""
-    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0, min_evidence=1)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     curve.observe("a", 2, 1.0, 1.0)
     curve.observe("a", 6, 3.0, 1.0)
     assert curve.factor("a", 14) == pytest.approx(3.0 + (3.0 - 1.0) / (6 - 2) * (14 - 6))
@@ -81,7 +81,7 @@ def test_above_the_last_band_the_factor_grows_linearly():
 
 
 def test_flat_curves_stay_flat_when_extended():
-    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0, min_evidence=1)
+    curve = LoadCurve(FakeClock(), alpha=1.0, significance_z=0.0)
     curve.observe("a", 0, 1.0, 1.0)
     curve.observe("a", 3, 0.9, 1.0)
     assert curve.factor("a", 40) == 1.0
@@ -89,7 +89,7 @@ def test_flat_curves_stay_flat_when_extended():
 
 def test_stale_bands_are_forgotten_and_nonsense_ignored():
     clock = FakeClock()
-    curve = LoadCurve(clock, alpha=1.0, max_age_s=60, significance_z=0.0, min_evidence=1)
+    curve = LoadCurve(clock, alpha=1.0, max_age_s=60, significance_z=0.0)
     curve.observe("a", 0, 1.0, 1.0)
     curve.observe("a", 8, 5.0, 1.0)
     curve.observe("a", 8, -1.0, 1.0)
@@ -109,7 +109,7 @@ def test_noise_without_a_queue_reads_as_no_slow_down_and_a_real_queue_is_learnt(
     flight: the first reads close to 1 everywhere, the second close to its real curve."""
     rng = random.Random(7)
     flat, queue = LoadCurve(FakeClock()), LoadCurve(FakeClock())
-    naive = LoadCurve(FakeClock(), significance_z=0.0, min_evidence=1)  # counts every difference
+    naive = LoadCurve(FakeClock(), significance_z=0.0)  # counts every difference
     for _ in range(8):
         for n in range(25):
             noise = math.exp(0.35 * rng.gauss(0.0, 1.0))
@@ -167,9 +167,7 @@ def test_target_load_counts_what_is_held():
 # ---------------------------------------------------------------- latency stats
 def test_samples_under_load_teach_the_curve_not_the_no_load_fit():
     stats = LatencyStats(FakeClock(), alpha=0.5, prior_tokens=0, load_alpha=0.5)
-    # 16 rounds: the first slow sample at 8 is no evidence of load yet (``policies.load.
-    # MIN_EVIDENCE``), so the no-load fit takes it, and then forgets it.
-    for _ in range(16):
+    for _ in range(10):
         stats.observe_ttft("a", 0.5, prompt_tokens=100, in_flight=0)
         stats.observe_ttft("a", 2.0, prompt_tokens=100, in_flight=8)
     assert stats.health("a", 8).ttft_load_factor == pytest.approx(4.0, rel=0.02)
