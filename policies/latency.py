@@ -55,14 +55,10 @@ Load. Each TTFT sample may come with the number of requests the gateway already 
 flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
 multiplier per in-flight count from those, and the fits learn from samples divided by
 their multiplier, i.e. the target's no-load TTFT. A prompt longer than the slow fit
-has seen (by over ``prior_tokens``: ``ttft_fit.beyond_reach``) teaches the fits only,
-and its attempt is not watched for being overdue: its prediction extrapolates a slope
-that starts at 0 and is learnt from such prompts, so its error is the slope's more than
-the load's (end to end at start-up, premium's first 3,800- and 4,900-token answers,
-after chat prompts only, took 0.6-0.8 s against ~0.43 s predicted, at a new high of
-in-flight requests; premium has no queue at all).
-``health(label, in_flight)`` hands the strategies the multiplier for the count there is
-now, or the larger one that attempts still waiting past their p99 imply
+has seen (``ttft_fit.beyond_reach``) teaches the fits only and is not watched for being
+overdue: its error is the unlearnt slope's, not load. ``health(label, in_flight)``
+hands the strategies the multiplier for the count there is now, or the larger one that
+attempts still waiting past their p99 imply
 (``policies.overdue``: a queue seen before it answers).
 
 Cuts. An attempt cut at its first-token deadline is no sample (its TTFT is only known to

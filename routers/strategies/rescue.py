@@ -96,11 +96,16 @@ def rescued_in_time(
     # the chance that no rescue answers in time, the rescue's own chance, the rescue,
     # the chance that target is cut
     best: tuple[float, float, str, float] = (1.0, 1.0, "", 0.0)
+    measured, unmeasured = 0, 0  # other targets judged as rescues; others never measured
     for other in candidates:
         rescue = healths[other.label]
         mean = ttft_s(req, rescue)
-        if other.label == target.label or cut_only(rescue) or mean is None:
+        if other.label == target.label:
             continue
+        if cut_only(rescue) or mean is None:
+            unmeasured += mean is None
+            continue
+        measured += 1
         cut = max(late, objective - (ttft_tail_s(req, rescue, RESERVE_Z) or 0.0) - SWITCH_S)
         if cut >= objective:
             late_p = 1.0  # cut only once the objective has passed: no rescue in time
@@ -110,9 +115,7 @@ def rescued_in_time(
         cut_p = ttft_exceeds_p(first, spread, min(cut, objective))
         # never cut: no rescue to place ("")
         best = min(best, (cut_p * late_p, late_p, other.label if cut_p > 0.0 else "", cut_p))
-    others = [healths[o.label] for o in candidates if o.label != target.label]
-    measured = [h for h in others if not cut_only(h) and ttft_s(req, h) is not None]
-    if not measured and any(ttft_s(req, h) is None for h in others):
+    if not measured and unmeasured:
         return True, None  # no measured rescue at all: an unmeasured one may be the fast one
     return best[0] <= miss_p, Rescue(best[2], best[3]) if best[2] else None
 
