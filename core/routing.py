@@ -75,6 +75,10 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # The most requests in flight any recent TTFT sample was dispatched with (None: no
     # sample): past it the load factor is extrapolated (``routers.strategies.slo``).
     ttft_load_seen: int | None = None
+    # The fewest requests in flight at which that curve reads the target slowed: where its
+    # queue starts (None: no slow-down seen). Requests without an objective of their own
+    # leave room below it (``SloStrategy.default_reserve``).
+    ttft_load_knee: int | None = None
     # Seconds since the target's last TTFT sample (None: unmeasured): how stale its
     # estimates are, for exploration.
     ttft_age_s: float | None = None

@@ -210,6 +210,7 @@ class LatencyStats:
         factor = 1.0
         if in_flight is not None:
             factor = self.load.factor(label, in_flight)
+            unmapped = self.load.unmapped(label, in_flight)
             model = self.ttft_model(label)
             if (
                 model is not None
@@ -217,12 +218,19 @@ class LatencyStats:
                 and not self._extrapolated(label, prompt_tokens)
             ):
                 self.load.observe(label, in_flight, seconds, model.predict(prompt_tokens))
+            if unmapped:
+                return
         no_load = seconds / factor
         self._update(self._ttft, label, no_load)
         if prompt_tokens is not None and prompt_tokens >= 0:
             x = float(prompt_tokens)
             self._fit(self._fits, label, x, no_load, slow=False)
             self._fit(self._slow, label, x, no_load, slow=True)
+
+    def _slowed(self, label: str, in_flight: int) -> bool:
+        """Whether the load curve reads ``label`` slowed at ``in_flight`` (or does not know
+        that band): a sample sent there is evidence of load, not of the no-load TTFT."""
+        return self.load.factor(label, in_flight) > 1.0 or self.load.unmapped(label, in_flight)
 
     def _extrapolated(self, label: str, prompt_tokens: int) -> bool:
         """Whether ``label``'s prediction for ``prompt_tokens`` extrapolates its slope
@@ -306,6 +314,7 @@ class LatencyStats:
             in_flight=in_flight,
             ttft_load_factor=factor,
             ttft_load_seen=self.load.most_seen(label),
+            ttft_load_knee=self.load.knee(label),
             ttft_age_s=self.sample_age(label),
             ttft_penalty=penalty,
             ttft_floor_s=floor,
@@ -365,10 +374,10 @@ class LatencyStats:
         """Fold a TTFT known to exceed ``waited_s`` into the fits (no-load terms, as samples
         are), at what the model expects of it; the load curve and penalty are untouched."""
         predicted = self._predicted(label, prompt_tokens, in_flight)
-        if predicted is None or prompt_tokens is None:
+        if predicted is None or prompt_tokens is None or self._slowed(label, in_flight):
             return
-        expected, spread, factor = predicted
-        moments = censored(expected / factor, waited_s / factor, spread)
+        expected, spread, _ = predicted
+        moments = censored(expected, waited_s, spread)
         if moments is None:
             return
         seconds, err2 = moments

@@ -162,6 +162,33 @@ class LoadCurve:
             factor = max(factor, _extend(points[-2:], factors[-2:], in_flight))
         return min(factor, MAX_FACTOR)
 
+    def knee(self, label: str) -> int | None:
+        """The fewest requests in flight at dispatch at which the curve reads ``label``
+        slowed (the lower edge of its first slowed band: a queue starts there); None while
+        no band reads slowed."""
+        points = self._points(label)
+        if not points:
+            return None
+        factors = itertools.accumulate((_significant(p, points[0], self.z) for p in points), max)
+        for point, value in zip(points, factors, strict=True):
+            if value > 1.0:
+                return BAND_EDGES[point.index]
+        return None
+
+    def unmapped(self, label: str, in_flight: int) -> bool:
+        """Whether ``in_flight`` falls in a band with no fresh sample above the least-loaded
+        one measured: the curve's value there is an extrapolation (1.0 above one band),
+        so a sample there says how much slower the target is at that load, and nothing of
+        its no-load TTFT (``policies.latency`` keeps it out of the fits)."""
+        now = self._clock.now()
+        fresh = [
+            index
+            for index, band in self._bands.get(label, {}).items()
+            if not self._stale(band.at, now)
+        ]
+        index = band_of(in_flight)
+        return bool(fresh) and index > min(fresh) and index not in fresh
+
     def most_seen(self, label: str) -> int | None:
         """The most requests in flight any fresh sample of ``label`` was dispatched with
         (None: no fresh sample): beyond it the factor is an extrapolation."""

@@ -19,6 +19,7 @@ from routers.targets import Target
 
 _BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
 _CUT_ONLY = 1.0 + 2e-9  # never measured, only cut: just after the busy unmeasured ones
+_RESERVED = 1.0 + 3e-9  # feasible, but its last free slots are kept (see _leave_room)
 
 
 class Slo:
@@ -95,9 +96,11 @@ class Slo:
         for t in candidates if alone else ():  # a miss is final: no bet on extrapolations
             if 0.0 < over[t.label] <= 1.0 and rescue.load_unproven(healths[t.label]):
                 over[t.label] = _BUSY_UNMEASURED
+        own = goal is req
+        reserve = self.config.default_reserve
+        kept = set() if own else _leave_room(candidates, healths, over, reserve)
         judged = self._judge_rescues(goal, candidates, healths, over)
         early = {label: r.early_cut_s for label, r in judged.items() if r.early_cut_s is not None}
-        own = goal is req
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
         feasible = _by_expected_cost(
             goal, [t for t in candidates if over[t.label] <= 1.0], judged, candidates
@@ -127,7 +130,12 @@ class Slo:
         ]
         for t in missing:
             shown = _predicted(goal, healths[t.label], z)
-            ranked.append(Ranked(t, f"slo: misses {objective}; closest left ({shown})"))
+            if t.label in kept:
+                knee = healths[t.label].ttft_load_knee
+                why = f"keeps {reserve} free below its queue at {knee} in flight ({shown})"
+            else:
+                why = f"misses {objective}; closest left ({shown})"
+            ranked.append(Ranked(t, f"slo: {why}"))
         rescue_of = {label: r.by for label, r in judged.items()}
         ranked = rescue.rescues_next(goal, ranked, rescue_of, healths)
         if goal is not req:
@@ -238,6 +246,27 @@ def _expected_cost(
     if cost is None or judged_with is None:
         return cost
     return cost + judged_with.cut_p * (cost_usd(req, by_label[judged_with.by]) or 0.0)
+
+
+def _leave_room(
+    candidates: Sequence[Target],
+    healths: dict[str, TargetHealth],
+    over: dict[str, float],
+    reserve: int,
+) -> set[str]:
+    """Trunk reservation, for a request on the default objective: each target feasible in
+    ``over`` where it and ``reserve`` more would reach the queue its load curve shows
+    (``ttft_load_knee``) becomes just infeasible (tried first when nothing else is
+    feasible). Returns their labels. The free slots are for requests with objectives of
+    their own, whom a cheap box saves far more (``SloStrategy.default_reserve``)."""
+    kept = set()
+    for t in candidates:
+        health = healths[t.label]
+        knee = health.ttft_load_knee
+        if knee is not None and over[t.label] <= 1.0 and health.in_flight + 1 + reserve > knee:
+            over[t.label] = _RESERVED
+            kept.add(t.label)
+    return kept
 
 
 def _explore_one_unknown(
