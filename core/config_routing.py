@@ -51,9 +51,10 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     first-token timeout). It does not count in goodput. ``default_reserve``: the slots
     such a request leaves free at a target whose load curve shows where its queue starts
     (``TargetHealth.ttft_load_knee``), for requests with an objective of their own
-    (trunk reservation): it is sent there only while that many more requests would still
-    not queue. Without it they filled the local box's queue and sent 3 s RAG requests, to
-    which the box saved ten times as much, to premium.
+    (trunk reservation): it is sent there only while it and that many more would still not
+    queue (0: it takes the last free slot but never joins the queue; null: no limit).
+    Without it they filled the local box's queue and sent 3 s RAG requests, to which the
+    box saved ten times as much, to premium.
 
     Exploration: a request whose objective leaves at least half of itself as slack over
     the cheapest feasible target tries, with probability ``explore_share``, a cheaper
@@ -74,7 +75,7 @@ class SloStrategy(_Strict, tag="slo", tag_field="type", frozen=True):
     tail_z: Annotated[float, Meta(ge=0)] = 1.2816
     alone_z: Annotated[float, Meta(ge=0)] = 2.3263
     default_ttft_ms: Annotated[float, Meta(gt=0)] | None = 5000.0
-    default_reserve: Annotated[int, Meta(ge=0)] = 1
+    default_reserve: Annotated[int, Meta(ge=0)] | None = 1
     explore_share: Annotated[float, Meta(ge=0, le=0.5)] = 0.05
     explore_after_s: Annotated[float, Meta(ge=0)] = 10.0
     recover_after_s: Annotated[float, Meta(ge=0)] = 3.0

@@ -54,8 +54,16 @@ again. ``None`` for ``relax_half_life_s`` keeps the fast fit alone.
 Load. Each TTFT sample may come with the number of requests the gateway already had in
 flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
 multiplier per in-flight count from those, and the fits learn from samples divided by
-their multiplier, i.e. the target's no-load TTFT. A prompt longer than the slow fit
-has seen (``ttft_fit.beyond_reach``) teaches the fits only and is not watched for being
+their multiplier (its best estimate: every difference counts, where routing counts only a
+proven slow-down), i.e. the target's no-load TTFT. Two things keep the split between
+"slower target" and "queue" identifiable. A sample sent at a band of in-flight counts the
+curve has no sample of, above its least-loaded one (``LoadCurve.unmapped``: the
+multiplier there is a guess), teaches the curve only: end to end, the local box's first
+samples came with a start-up burst of up to 12 in flight, each at a new band, and went
+into its no-load fit as they were (base 0.25 -> 4.9 s in 15 s; the box then went unused
+for the rest of the run). And a cut sent where the curve reads the target slowed is no
+censored sample: its wait is the queue's. A prompt longer than the slow fit has seen
+(``ttft_fit.beyond_reach``) teaches the fits only and is not watched for being
 overdue: its error is the unlearnt slope's, not load. ``health(label, in_flight)``
 hands the strategies the multiplier for the count there is now, or the larger one that
 attempts still waiting past their p99 imply
@@ -67,14 +75,14 @@ past the target's p99, or two past its p90, since its last real sample start it)
 short of that, while no penalty runs, is part of the target's ordinary spread and the fits
 learn it as a censored sample (``policies.ttft_fit.censored``), so a target often cut at
 a tight deadline is not fitted on its quick answers alone, nor one that hangs on its
-cuts. The fits' arithmetic lives in ``policies.ttft_fit``.
+cuts. The fits' bookkeeping lives in ``policies.ttft_models``, their arithmetic in
+``policies.ttft_fit``.
 """
 
 from __future__ import annotations
 
 import math
 
-import msgspec
 from msgspec import Struct
 
 from core.clock import Clock
@@ -82,18 +90,8 @@ from core.routing import TargetHealth, spread_band, ttft_exceeds_p, ttft_quantil
 from policies.cuts import EVIDENCE, CutPenalties
 from policies.load import LoadCurve
 from policies.overdue import OVERDUE_Z, OverdueAttempts
-from policies.ttft_fit import (
-    Fit,
-    TtftModel,
-    band_spreads,
-    beyond_reach,
-    censored,
-    checked_samples,
-    learn,
-    line,
-    model_of,
-    routing_spread,
-)
+from policies.ttft_fit import TtftModel, band_spreads, censored, routing_spread
+from policies.ttft_models import TwoSpeedFits, stale
 
 DEFAULT_MAX_AGE_S = 300.0
 CUT_ERROR = "AttemptDeadlineError"  # core.errors: an attempt cut at its first-token deadline
@@ -134,23 +132,20 @@ class LatencyStats:
             raise ValueError("prior_tokens must be >= 0")
         self._clock = clock
         self.alpha = alpha
-        self.slow_alpha = slow_alpha
         self.max_age_s = max_age_s
-        self.slow_max_age_s = None if max_age_s is None else 12 * max_age_s
-        self.relax_half_life_s = relax_half_life_s
-        self.prior_tokens = prior_tokens
+        self.fits = TwoSpeedFits(
+            clock, alpha, slow_alpha, max_age_s, relax_half_life_s, prior_tokens
+        )
         self.load = LoadCurve(clock, load_alpha, max_age_s)
         self.cuts = CutPenalties(clock)
         self.overdue = OverdueAttempts(clock)
         self._ttft: dict[str, _Ewma] = {}
         self._tpot: dict[str, _Ewma] = {}
-        self._fits: dict[str, Fit] = {}
-        self._slow: dict[str, Fit] = {}
 
     def _update(self, table: dict[str, _Ewma], label: str, sample: float) -> None:
         now = self._clock.now()
         current = table.get(label)
-        if current is None or _stale(current.at, now, self.max_age_s):
+        if current is None or stale(current.at, now, self.max_age_s):
             table[label] = _Ewma(sample, now)
             return
         current.value = self.alpha * sample + (1 - self.alpha) * current.value
@@ -158,40 +153,9 @@ class LatencyStats:
 
     def _read(self, table: dict[str, _Ewma], label: str) -> float | None:
         ewma = table.get(label)
-        if ewma is None or _stale(ewma.at, self._clock.now(), self.max_age_s):
+        if ewma is None or stale(ewma.at, self._clock.now(), self.max_age_s):
             return None
         return ewma.value
-
-    def _fit(
-        self,
-        fits: dict[str, Fit],
-        label: str,
-        x: float,
-        y: float,
-        slow: bool,
-        err2: float | None = None,
-    ) -> None:
-        """Fold (x, y) into ``label``'s fit; a stale or missing one starts afresh, except
-        for a censored sample (``err2`` given), which only refines a fit there is. The
-        fast fit's error is measured against the line that predicts (the slow slope)."""
-        now = self._clock.now()
-        fit = fits.get(label)
-        if fit is None or _stale(fit.at, now, self.slow_max_age_s if slow else self.max_age_s):
-            if err2 is not None:
-                return
-            fit = fits[label] = Fit(0.0, x, y, 0.0, 0.0, 0.0, 0.0, now)
-        alpha = self.slow_alpha if slow else self.alpha
-        slope = None if slow else self._slow_slope(label, now)
-        learn(fit, x, y, alpha, self.prior_tokens, err2, slope, at=now)
-        fit.at = now
-
-    def _slow_slope(self, label: str, now: float) -> float | None:
-        """The slow fit's seconds per prompt token (None: no fresh slow fit), which the
-        fast fit predicts with: see the class docstring."""
-        slow = self._slow.get(label)
-        if slow is None or _stale(slow.at, now, self.slow_max_age_s):
-            return None
-        return line(slow)[1]
 
     def observe_ttft(
         self,
@@ -209,23 +173,19 @@ class LatencyStats:
         self.cuts.sampled(label, prompt_tokens)
         factor = 1.0
         if in_flight is not None:
-            factor = self.load.factor(label, in_flight)
+            factor = self.load.factor(label, in_flight, significance_z=0.0)
             unmapped = self.load.unmapped(label, in_flight)
             model = self.ttft_model(label)
-            if (
-                model is not None
-                and prompt_tokens is not None
-                and not self._extrapolated(label, prompt_tokens)
-            ):
-                self.load.observe(label, in_flight, seconds, model.predict(prompt_tokens))
+            if prompt_tokens is not None and not self._extrapolated(label, prompt_tokens):
+                # The first sample is its own prediction: its band is the curve's reference.
+                expected = seconds if model is None else model.predict(prompt_tokens)
+                self.load.observe(label, in_flight, seconds, expected)
             if unmapped:
                 return
         no_load = seconds / factor
         self._update(self._ttft, label, no_load)
         if prompt_tokens is not None and prompt_tokens >= 0:
-            x = float(prompt_tokens)
-            self._fit(self._fits, label, x, no_load, slow=False)
-            self._fit(self._slow, label, x, no_load, slow=True)
+            self.fits.learn(label, float(prompt_tokens), no_load)
 
     def _slowed(self, label: str, in_flight: int) -> bool:
         """Whether the load curve reads ``label`` slowed at ``in_flight`` (or does not know
@@ -234,10 +194,9 @@ class LatencyStats:
 
     def _extrapolated(self, label: str, prompt_tokens: int) -> bool:
         """Whether ``label``'s prediction for ``prompt_tokens`` extrapolates its slope
-        (``ttft_fit.beyond_reach`` of the slow fit, by ``prior_tokens``): its error is
-        then no evidence of load (see the module docstring)."""
-        slow = self._slow.get(label)
-        return slow is not None and beyond_reach(slow, prompt_tokens, self.prior_tokens)
+        (``TwoSpeedFits.extrapolated``): its error is then no evidence of load (see the
+        module docstring)."""
+        return self.fits.extrapolated(label, prompt_tokens)
 
     def observe_tokens(self, label: str, tokens: int, seconds: float) -> None:
         """``tokens`` output tokens generated in ``seconds`` after the first one; one TPOT
@@ -253,35 +212,13 @@ class LatencyStats:
         """Seconds since the last thing learnt of ``label``: a TTFT sample with prompt
         tokens or a cut attempt (None: neither, or so long ago that both fits are
         forgotten and the penalty has decayed)."""
-        fit = self._slow.get(label)
-        ages = [self.cuts.age_s(label)]
-        if fit is not None and not _stale(fit.at, self._clock.now(), self.slow_max_age_s):
-            ages.append(self._clock.now() - fit.at)
+        ages = [self.cuts.age_s(label), self.fits.age_s(label)]
         return min((age for age in ages if age is not None), default=None)
 
     def ttft_model(self, label: str) -> TtftModel | None:
-        """The TTFT model at no load: the fast fit, relaxed towards the slow one as it ages
-        (see the docstring); None before any sample with prompt tokens (or when stale)."""
-        now = self._clock.now()
-        slow = self._slow.get(label)
-        if slow is None or _stale(slow.at, now, self.slow_max_age_s):
-            slow = None
-        fast = self._fits.get(label)
-        if fast is None or _stale(fast.at, now, self.max_age_s):
-            if slow is None:
-                return None
-            return model_of(slow, self.slow_alpha, now=now)
-        slope = self._slow_slope(label, now)
-        model = model_of(fast, self.alpha, slope, now=now)
-        if slow is None or self.relax_half_life_s is None:
-            return model
-        weight = 0.5 ** ((now - fast.at) / self.relax_half_life_s)
-        slow_base, slow_slope = line(slow)
-        return msgspec.structs.replace(
-            model,
-            base_s=weight * model.base_s + (1 - weight) * slow_base,
-            per_token_s=weight * model.per_token_s + (1 - weight) * slow_slope,
-        )
+        """The TTFT model at no load (``TwoSpeedFits.model``): None before any sample with
+        prompt tokens (or when stale)."""
+        return self.fits.model(label)
 
     def health(self, label: str, in_flight: int = 0) -> TargetHealth:
         """The latency fields of ``label``'s ``TargetHealth`` (the rest at their defaults)
@@ -381,8 +318,7 @@ class LatencyStats:
         if moments is None:
             return
         seconds, err2 = moments
-        self._fit(self._fits, label, float(prompt_tokens), seconds, slow=False, err2=err2)
-        self._fit(self._slow, label, float(prompt_tokens), seconds, slow=True, err2=err2)
+        self.fits.learn(label, float(prompt_tokens), seconds, err2)
 
     def cut_surprise(
         self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int | None
@@ -415,10 +351,4 @@ class LatencyStats:
     def _routing_spread(self, label: str, model: TtftModel) -> float:
         """``model``'s overall spread as strategies see it (``ttft_fit.routing_spread``),
         over the samples the fast fit has checked."""
-        fit = self._fits.get(label)
-        checked = checked_samples(fit.err_weight, self.alpha) if fit is not None else 0.0
-        return routing_spread(model.spread, checked)
-
-
-def _stale(at: float, now: float, max_age_s: float | None) -> bool:
-    return max_age_s is not None and now - at > max_age_s
+        return routing_spread(model.spread, self.fits.checked(label))

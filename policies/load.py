@@ -35,6 +35,12 @@ per target (every target kind, metrics feed or not), so it learns the curve itse
     bands (a queue in front of a fixed number of slots grows its wait linearly with its
     length, Little's law), never below the last band, capped at ``MAX_FACTOR``.
 
+``knee(label)`` is the fewest in flight at which the curve reads the target slowed: where
+its queue starts, read by ``routers.strategies.slo`` to keep room free there for requests
+with objectives of their own. ``unmapped(label, n)``: whether ``n`` falls in a band with no
+sample above the least-loaded one, where the factor is a guess (``policies.latency`` keeps
+such samples out of the no-load fit).
+
 Attempts cut at their first-token deadline do not teach the curve: a target that hangs
 collects cut attempts at whatever in-flight count its hung requests pile up to, and the
 curve would then call it slow at that load long after it recovered (in the end-to-end run
@@ -141,16 +147,19 @@ class LoadCurve:
         band.at = now
         return band
 
-    def factor(self, label: str, in_flight: int) -> float:
+    def factor(self, label: str, in_flight: int, *, significance_z: float | None = None) -> float:
         """The TTFT multiplier for a request dispatched with ``in_flight`` already there
-        (1.0 when nothing is known)."""
+        (1.0 when nothing is known). ``significance_z`` overrides the curve's own: 0
+        counts every difference, the best estimate of a band's slow-down where routing
+        wants only a proven one (``policies.latency`` divides samples by it)."""
         points = self._points(label)
         if not points:
             return 1.0
+        z = self.z if significance_z is None else significance_z
         # The running maximum keeps the factor non-decreasing: a band with fewer samples
         # (a wider error) may count for less than the band below it.
         factors = list(
-            itertools.accumulate((_significant(point, points[0], self.z) for point in points), max)
+            itertools.accumulate((_significant(point, points[0], z) for point in points), max)
         )
         target = band_of(in_flight)
         factor = 1.0

@@ -14,7 +14,8 @@ from routers.strategies import explore, rescue
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import Deadline, first_token_deadlines, hedged_first
 from routers.strategies.lowest_cost import by_cost, cost_reason
-from routers.strategies.predict import cost_usd, fmt_s, fmt_usd, total_s, ttft_s, ttft_tail_s
+from routers.strategies.predict import cost_usd, total_s, ttft_s, ttft_tail_s
+from routers.strategies.slo_reasons import feasible_reason, objective_text, predicted_text
 from routers.targets import Target
 
 _BUSY_UNMEASURED = 1.0 + 1e-9  # see _overshoot
@@ -83,7 +84,7 @@ class Slo:
         rng: random.Random,
     ) -> list[Ranked]:
         goal = self._goal(req)
-        objective = _objective(goal, defaulted=goal is not req)
+        objective = objective_text(goal, defaulted=goal is not req)
         if objective is None:
             return [
                 Ranked(t, f"slo: no objective; {cost_reason(i, cost)}")
@@ -98,7 +99,7 @@ class Slo:
                 over[t.label] = _BUSY_UNMEASURED
         own = goal is req
         reserve = self.config.default_reserve
-        kept = set() if own else _leave_room(candidates, healths, over, reserve)
+        kept = set() if own or reserve is None else _leave_room(candidates, healths, over, reserve)
         judged = self._judge_rescues(goal, candidates, healths, over)
         early = {label: r.early_cut_s for label, r in judged.items() if r.early_cut_s is not None}
         unknown = _explore_one_unknown(goal, candidates, healths, over, keep=not own)
@@ -121,7 +122,7 @@ class Slo:
         ranked = [
             Ranked(
                 t,
-                _feasible_reason(
+                feasible_reason(
                     i, (cost, expected), objective, goal, healths[t.label], z, early.get(t.label)
                 ),
                 deadline=None if t.label not in early else Deadline(early[t.label]),
@@ -129,7 +130,7 @@ class Slo:
             for i, (t, cost, expected) in enumerate(feasible)
         ]
         for t in missing:
-            shown = _predicted(goal, healths[t.label], z)
+            shown = predicted_text(goal, healths[t.label], z)
             if t.label in kept:
                 knee = healths[t.label].ttft_load_knee
                 why = f"keeps {reserve} free below its queue at {knee} in flight ({shown})"
@@ -157,7 +158,7 @@ class Slo:
         age = explore.evidence_age_s(req, healths[probe.label])
         known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
         if probe is not unknown:
-            known += _predicted(req, healths[probe.label], z)
+            known += predicted_text(req, healths[probe.label], z)
         reason = f"slo: exploring ({known}), cut in time for {rest[0].target.label}"
         return [Ranked(probe, reason, deadline=Deadline(window)), *rest]
 
@@ -335,18 +336,6 @@ def _with_deadlines(
     ]
 
 
-def _objective(req: RouteRequest, *, defaulted: bool = False) -> str | None:
-    """``ttft<=800ms, total<=5000ms`` (``default ttft<=5000ms`` when ``defaulted``) or None
-    when the request has no objective."""
-    parts = []
-    if req.slo_ttft_ms is not None:
-        parts.append(f"ttft<={req.slo_ttft_ms:g}ms")
-    if req.slo_total_ms is not None:
-        parts.append(f"total<={req.slo_total_ms:g}ms")
-    text = ", ".join(parts)
-    return (f"default {text}" if defaulted else text) or None
-
-
 def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     """The worst ratio of tail prediction to objective over the objectives the request
     sets (1.5: 50% over; <= 1: feasible). Only those objectives count: a TTFT objective
@@ -369,40 +358,3 @@ def _overshoot(req: RouteRequest, health: TargetHealth, z: float) -> float:
     if whole is not None and req.slo_total_ms is not None:
         ratios.append(whole * 1000 / max(req.slo_total_ms, 1e-9))
     return max(ratios)
-
-
-def _predicted(req: RouteRequest, health: TargetHealth, z: float) -> str:
-    """``predicted 420ms``; with a measured spread ``predicted 420ms (tail 610ms)``."""
-    first, tail = ttft_s(req, health), ttft_tail_s(req, health, z)
-    if first is None or tail is None:
-        return "unmeasured"
-    shown = fmt_s(first) if health.ttft_spread is None else f"{fmt_s(first)} (tail {fmt_s(tail)})"
-    if req.slo_total_ms is None:
-        return f"predicted {shown}"
-    whole = total_s(req, health, z) or tail
-    return f"predicted ttft {shown}, total {fmt_s(whole)}"
-
-
-def _feasible_reason(
-    place: int,
-    costs: tuple[float | None, float | None],
-    objective: str,
-    req: RouteRequest,
-    health: TargetHealth,
-    z: float,
-    early_cut_s: float | None = None,
-) -> str:
-    """The reason of a feasible target; ``costs``: (list, expected) (``_expected_cost``),
-    the expected one shown when a rescue adds to it."""
-    shown = _predicted(req, health, z)
-    if shown == "unmeasured":
-        shown = "unmeasured, explored"
-    if early_cut_s is not None:
-        shown += f", cut at {fmt_s(early_cut_s)} for a rescue"
-    cost, expected = costs
-    price = cost_reason(1, cost)
-    if cost is not None and expected is not None and expected > cost:
-        price += f", {fmt_usd(expected)} with its rescue"
-    if place == 0:
-        return f"slo: cheapest meeting {objective} ({shown}, {price})"
-    return f"slo: meets {objective}, {price} ({shown})"

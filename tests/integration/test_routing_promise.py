@@ -66,7 +66,10 @@ models:
               {{provider: impatient, model: m-backup-too}}]
   paced: {{targets: [{{provider: patient, model: m-paced}}]}}
   load:
-    strategy: slo
+    # default_reserve null: the warm-up's requests without an objective may queue on
+    # m-queue (that is how the curve learns its queue here; by default they leave its last
+    # slot free once the queue shows, and spill to m-fast).
+    strategy: {{type: slo, default_reserve: null}}
     targets:
       - {{provider: patient, model: m-queue, price: {{input_per_mtok: 0.1, output_per_mtok: 0.4}}}}
       - {{provider: patient, model: m-fast, price: {{input_per_mtok: 5, output_per_mtok: 15}}}}

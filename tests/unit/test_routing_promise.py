@@ -178,17 +178,17 @@ def test_samples_under_load_teach_the_curve_not_the_no_load_fit():
 
 def test_prompts_longer_than_the_fit_has_seen_teach_the_fit_not_the_curve():
     """A target with no queue, fitted on chat prompts (slope still 0), then sent
-    5,000-token prompts while it holds more: their extra prefill is no slow-down at that
+    8,000-token prompts while it holds more: their extra prefill is no slow-down at that
     load. While such prompts lie beyond the fit's reach (``ttft_fit.beyond_reach``) they
     teach the fit only; once it has seen them, they count for the curve too, and a real
     queue is then learnt from long prompts as from short ones."""
     stats = LatencyStats(FakeClock())
-    for _ in range(8):
-        stats.observe_ttft("a", 0.3, prompt_tokens=200, in_flight=2)
+    for n in (2, 6) * 4:  # (6 in flight mapped: a sample at an unmapped band is the curve's)
+        stats.observe_ttft("a", 0.3, prompt_tokens=200, in_flight=n)
     for _ in range(2):
-        stats.observe_ttft("a", 0.55, prompt_tokens=5000, in_flight=6)
+        stats.observe_ttft("a", 0.7, prompt_tokens=8000, in_flight=6)
     assert stats.health("a", 6).ttft_load_factor == 1.0
-    assert stats.load.most_seen("a") == 2  # the long ones did not reach the curve
+    assert stats.load._bands["a"][6].samples == 4  # the long ones did not reach the curve
     model = stats.ttft_model("a")
     assert model is not None and model.per_token_s > 20e-6  # they taught the fit a slope
     # Nor is an attempt whose prompt lies beyond the fit's reach watched for being overdue
@@ -220,7 +220,7 @@ def test_a_quiet_target_relaxes_towards_its_longer_run():
         stats.observe_ttft("a", 4.0, prompt_tokens=0)
     fast = stats.ttft_model("a").base_s
     assert fast > 3.0
-    slow_fit = stats._slow["a"]
+    slow_fit = stats.fits.slow["a"]
     slow = slow_fit.mean_y  # the slow fit's level (flat prompts: the line is its mean)
     assert slow < 1.0
     clock.advance(60)  # two half-lives: a quarter of the fast fit is left
@@ -332,11 +332,13 @@ def test_cuts_while_a_penalty_runs_are_not_learnt_as_samples():
     assert before is not None and first is not None and first.base_s > before.base_s  # learnt
     cut_at_p90()  # the second in a row: the penalty starts
     assert stats.health("a").ttft_penalty == CUT_FACTOR
-    fits = copy.deepcopy((stats._fits["a"], stats._slow["a"]))  # (the model relaxes in time)
+    fits = copy.deepcopy(
+        (stats.fits.fast["a"], stats.fits.slow["a"])
+    )  # (the model relaxes in time)
     for _ in range(5):  # the hang goes on, each cut after the last
         cut_at_p90()
     assert stats.health("a").ttft_penalty > CUT_FACTOR
-    assert (stats._fits["a"], stats._slow["a"]) == fits  # none of them moved the fits
+    assert (stats.fits.fast["a"], stats.fits.slow["a"]) == fits  # none of them moved the fits
 
 
 def test_a_sample_clears_the_penalty_for_the_prompts_it_applies_to():

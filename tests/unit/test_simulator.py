@@ -123,14 +123,17 @@ def test_board_feeds_the_gateways_latency_stats_what_the_gateway_would() -> None
     board = HealthBoard(["a/x"], lambda label, now: None)
     clock = FakeClock(start=0.0)
     reference = LatencyStats(clock)
-    samples = [(0.0, 1.0, 2000, 0.02, 100), (1.0, 2.5, 30_000, 0.03, 50), (5.0, 0.8, 500, 0.01, 10)]
+    # The third overlaps the second: its band of in-flight counts is new, so it teaches
+    # the load curve only (``policies.latency``), in both.
+    samples = [(0.0, 1.0, 2000, 0.02, 100), (4.0, 2.5, 30_000, 0.03, 50), (5.0, 0.8, 500, 0.01, 10)]
     loads = []
     for start, ttft, prompt, tpot, output in samples:
+        board.advance(start)
         sent = board.started("a/x", start, prompt)
         loads.append(sent.load)
         end = start + ttft + tpot * output
         board.succeeded("a/x", sent, ttft, tpot, end, prompt, output)
-    assert loads == [0, 1, 2]
+    assert loads == [0, 0, 1]
     events = sorted(
         [(s + t, "ttft", t, p, load) for (s, t, p, _, _), load in zip(samples, loads, strict=True)]
         + [(s + t + tp * o, "done", tp * o, o, None) for s, t, _, tp, o in samples]

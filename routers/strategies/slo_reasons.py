@@ -1,0 +1,57 @@
+"""The reasons ``routers.strategies.slo`` gives for its ranks: the objective, the
+prediction and the costs, as operators read them in route traces and dry runs."""
+
+from __future__ import annotations
+
+from core.routing import RouteRequest, TargetHealth
+from routers.strategies.lowest_cost import cost_reason
+from routers.strategies.predict import fmt_s, fmt_usd, total_s, ttft_s, ttft_tail_s
+
+
+def objective_text(req: RouteRequest, *, defaulted: bool = False) -> str | None:
+    """``ttft<=800ms, total<=5000ms`` (``default ttft<=5000ms`` when ``defaulted``) or None
+    when the request has no objective."""
+    parts = []
+    if req.slo_ttft_ms is not None:
+        parts.append(f"ttft<={req.slo_ttft_ms:g}ms")
+    if req.slo_total_ms is not None:
+        parts.append(f"total<={req.slo_total_ms:g}ms")
+    text = ", ".join(parts)
+    return (f"default {text}" if defaulted else text) or None
+
+
+def predicted_text(req: RouteRequest, health: TargetHealth, z: float) -> str:
+    """``predicted 420ms``; with a measured spread ``predicted 420ms (tail 610ms)``."""
+    first, tail = ttft_s(req, health), ttft_tail_s(req, health, z)
+    if first is None or tail is None:
+        return "unmeasured"
+    shown = fmt_s(first) if health.ttft_spread is None else f"{fmt_s(first)} (tail {fmt_s(tail)})"
+    if req.slo_total_ms is None:
+        return f"predicted {shown}"
+    whole = total_s(req, health, z) or tail
+    return f"predicted ttft {shown}, total {fmt_s(whole)}"
+
+
+def feasible_reason(
+    place: int,
+    costs: tuple[float | None, float | None],
+    objective: str,
+    req: RouteRequest,
+    health: TargetHealth,
+    z: float,
+    early_cut_s: float | None = None,
+) -> str:
+    """The reason of a feasible target; ``costs``: (list, expected) (``_expected_cost``),
+    the expected one shown when a rescue adds to it."""
+    shown = predicted_text(req, health, z)
+    if shown == "unmeasured":
+        shown = "unmeasured, explored"
+    if early_cut_s is not None:
+        shown += f", cut at {fmt_s(early_cut_s)} for a rescue"
+    cost, expected = costs
+    price = cost_reason(1, cost)
+    if cost is not None and expected is not None and expected > cost:
+        price += f", {fmt_usd(expected)} with its rescue"
+    if place == 0:
+        return f"slo: cheapest meeting {objective} ({shown}, {price})"
+    return f"slo: meets {objective}, {price} ({shown})"
