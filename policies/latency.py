@@ -54,11 +54,16 @@ again. ``None`` for ``relax_half_life_s`` keeps the fast fit alone.
 Load. Each TTFT sample may come with the number of requests the gateway already had in
 flight at the target when it was sent; ``policies.load.LoadCurve`` learns the TTFT
 multiplier per in-flight count from those, and the fits learn from samples divided by
-their multiplier (its best estimate: every difference counts, where routing counts only a
-proven slow-down), i.e. the target's no-load TTFT. Two things keep the split between
-"slower target" and "queue" identifiable. A sample sent at a band of in-flight counts the
-curve has no sample of, above its least-loaded one (``LoadCurve.unmapped``: the
-multiplier there is a guess), teaches the curve only: end to end, the local box's first
+their multiplier, i.e. the target's no-load TTFT. (The multiplier routing reads: only the
+part of a band's slow-down beyond one standard error, so a queued band with few samples
+still passes some of its wait to the fit. Dividing by the full estimate instead, with the
+first sample's band as the curve's reference, made predictions under load optimistic:
+end to end, seeds 1-4, `slo`'s excess misses without a feed went from 9 to 44.)
+
+Two things keep the split between "slower target" and "queue" identifiable. A sample sent
+at a band of in-flight counts the curve has no sample of, above its least-loaded one
+(``LoadCurve.unmapped``: the multiplier there is a guess), teaches the curve only: end to
+end, the local box's first
 samples came with a start-up burst of up to 12 in flight, each at a new band, and went
 into its no-load fit as they were (base 0.25 -> 4.9 s in 15 s; the box then went unused
 for the rest of the run). And a cut sent where the curve reads the target slowed is no
@@ -173,13 +178,15 @@ class LatencyStats:
         self.cuts.sampled(label, prompt_tokens)
         factor = 1.0
         if in_flight is not None:
-            factor = self.load.factor(label, in_flight, significance_z=0.0)
+            factor = self.load.factor(label, in_flight)
             unmapped = self.load.unmapped(label, in_flight)
             model = self.ttft_model(label)
-            if prompt_tokens is not None and not self._extrapolated(label, prompt_tokens):
-                # The first sample is its own prediction: its band is the curve's reference.
-                expected = seconds if model is None else model.predict(prompt_tokens)
-                self.load.observe(label, in_flight, seconds, expected)
+            if (
+                model is not None
+                and prompt_tokens is not None
+                and not self._extrapolated(label, prompt_tokens)
+            ):
+                self.load.observe(label, in_flight, seconds, model.predict(prompt_tokens))
             if unmapped:
                 return
         no_load = seconds / factor

@@ -147,19 +147,16 @@ class LoadCurve:
         band.at = now
         return band
 
-    def factor(self, label: str, in_flight: int, *, significance_z: float | None = None) -> float:
+    def factor(self, label: str, in_flight: int) -> float:
         """The TTFT multiplier for a request dispatched with ``in_flight`` already there
-        (1.0 when nothing is known). ``significance_z`` overrides the curve's own: 0
-        counts every difference, the best estimate of a band's slow-down where routing
-        wants only a proven one (``policies.latency`` divides samples by it)."""
+        (1.0 when nothing is known)."""
         points = self._points(label)
         if not points:
             return 1.0
-        z = self.z if significance_z is None else significance_z
         # The running maximum keeps the factor non-decreasing: a band with fewer samples
         # (a wider error) may count for less than the band below it.
         factors = list(
-            itertools.accumulate((_significant(point, points[0], z) for point in points), max)
+            itertools.accumulate((_significant(point, points[0], self.z) for point in points), max)
         )
         target = band_of(in_flight)
         factor = 1.0

@@ -26,6 +26,7 @@ FIELDS = (
     "ttft_spread",
     "ttft_band_spreads",
     "ttft_load_factor",
+    "ttft_load_knee",
     "ttft_penalty",
     "ttft_penalty_from_tokens",
     "ttft_age_s",

@@ -69,9 +69,10 @@ def test_a_start_up_burst_teaches_the_curve_and_leaves_the_no_load_fit_alone():
             in_flight=n,
         )
     model = stats.ttft_model("box")
-    # Within 15%: 9 and 11 in flight share bands with 8 and 10, which read them a little
-    # quicker than they are (a band is one level); the rest never reached the fit.
-    assert model is not None and model.predict(100) == pytest.approx(0.25, rel=0.15)
+    # Not exactly 0.25 s: 9 and 11 in flight share bands with 8 and 10, whose one sample
+    # each the curve counts only beyond a standard error, and the rest of their wait goes
+    # to the fit (``policies.latency``: by design). Without ``unmapped``: 0.66 s.
+    assert model is not None and 0.25 <= model.predict(100) < 0.5
     health = stats.health("box", in_flight=12)
     # One sample per band: the curve counts the part of each beyond one standard error.
     assert health.ttft_load_factor > 2.0 and health.ttft_load_knee is not None
