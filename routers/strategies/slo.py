@@ -26,7 +26,8 @@ _RESERVED = 1.0 + 3e-9  # feasible, but its last free slots are kept (see _leave
 class Slo:
     """The objective is ``req.slo_ttft_ms`` and/or ``req.slo_total_ms`` (already resolved
     by the gateway from the request header, the tenant or the alias); a request with
-    neither is routed as if it asked for ``default_ttft_ms`` (when set).
+    neither is routed as if it asked for ``default_ttft_ms`` (when set), and leaves
+    ``default_reserve`` free slots below a target's queue (``_leave_room``).
 
     Feasible = the *tail* of the predicted TTFT, and the total built on it, within the
     objective: ``predict.ttft_tail_s`` at ``z`` (default 1.28, the 90th percentile), which
