@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 
 import msgspec
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
