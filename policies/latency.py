@@ -63,15 +63,15 @@ end to end, seeds 1-4, `slo`'s excess misses without a feed went from 9 to 44.)
 Two things keep the split between "slower target" and "queue" identifiable. A sample sent
 at a band of in-flight counts the curve has no sample of, above its least-loaded one
 (``LoadCurve.unmapped``: the multiplier there is a guess), teaches the curve only: end to
-end, the local box's first
-samples came with a start-up burst of up to 12 in flight, each at a new band, and went
-into its no-load fit as they were (base 0.25 -> 4.9 s in 15 s; the box then went unused
-for the rest of the run). And a cut sent where the curve reads the target slowed is no
-censored sample: its wait is the queue's. A prompt longer than the slow fit has seen
-(``ttft_fit.beyond_reach``) teaches the fits only and is not watched for being
-overdue: its error is the unlearnt slope's, not load. ``health(label, in_flight)``
-hands the strategies the multiplier for the count there is now, or the larger one that
-attempts still waiting past their p99 imply
+end, the local box's first samples came with a start-up burst of up to 13 in flight, each
+at a new band, and went into its no-load fit as they were (base 0.25 -> 4.9 s in 15 s;
+the box then went unused for the rest of the run). And a cut sent where the curve reads
+the target slowed is no censored sample: its wait is the queue's. A prompt longer than
+the slow fit has seen (``ttft_fit.beyond_reach``) teaches the fits only and is not
+watched for being overdue: its error is the unlearnt slope's, not load.
+
+``health(label, in_flight)`` hands the strategies the multiplier for the count there is
+now, or the larger one that attempts still waiting past their p99 imply
 (``policies.overdue``: a queue seen before it answers).
 
 Cuts. An attempt cut at its first-token deadline is no sample (its TTFT is only known to
@@ -315,8 +315,10 @@ class LatencyStats:
     def _learn_censored(
         self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int
     ) -> None:
-        """Fold a TTFT known to exceed ``waited_s`` into the fits (no-load terms, as samples
-        are), at what the model expects of it; the load curve and penalty are untouched."""
+        """Fold a TTFT known to exceed ``waited_s`` into the fits, at what the model expects
+        of it, unless it was sent where the curve reads the target slowed (or does not
+        know the band: the wait is then the queue's); the load curve and penalty are
+        untouched."""
         predicted = self._predicted(label, prompt_tokens, in_flight)
         if predicted is None or prompt_tokens is None or self._slowed(label, in_flight):
             return
