@@ -233,7 +233,8 @@ class LatencyStats:
         simulator both hand the strategies."""
         ttft, tpot = self.estimate(label)
         model = self.ttft_model(label)
-        factor = max(self.load.factor(label, in_flight), self.overdue.factor(label))
+        load, knee = self.load.read(label, in_flight)
+        factor = max(load, self.overdue.factor(label))
         penalty, floor, from_tokens = self.cuts.read(label)
         if model is None:
             return TargetHealth(
@@ -258,7 +259,7 @@ class LatencyStats:
             in_flight=in_flight,
             ttft_load_factor=factor,
             ttft_load_seen=self.load.most_seen(label),
-            ttft_load_knee=self.load.knee(label),
+            ttft_load_knee=knee,
             ttft_age_s=self.sample_age(label),
             ttft_penalty=penalty,
             ttft_floor_s=floor,

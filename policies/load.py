@@ -150,75 +150,67 @@ class LoadCurve:
     def factor(self, label: str, in_flight: int) -> float:
         """The TTFT multiplier for a request dispatched with ``in_flight`` already there
         (1.0 when nothing is known)."""
-        points = self._points(label)
-        if not points:
-            return 1.0
-        # The running maximum keeps the factor non-decreasing: a band with fewer samples
-        # (a wider error) may count for less than the band below it.
-        factors = list(
-            itertools.accumulate((_significant(point, points[0], self.z) for point in points), max)
-        )
-        target = band_of(in_flight)
-        factor = 1.0
-        for point, value in zip(points, factors, strict=True):
-            if point.index > target:
-                break
-            factor = value
-        if target > points[-1].index and len(points) >= 2:
-            factor = max(factor, _extend(points[-2:], factors[-2:], in_flight))
-        return min(factor, MAX_FACTOR)
+        return self.read(label, in_flight)[0]
 
     def knee(self, label: str) -> int | None:
         """The fewest requests in flight at dispatch at which the curve reads ``label``
         slowed (the lower edge of its first slowed band: a queue starts there); None while
         no band reads slowed."""
-        points = self._points(label)
+        return self.read(label, 0)[1]
+
+    def read(self, label: str, in_flight: int) -> tuple[float, int | None]:
+        """``(factor(label, in_flight), knee(label))`` from one isotonic fit: what a
+        target's health shows for every request."""
+        points, factors = self._curve(label)
         if not points:
-            return None
-        factors = itertools.accumulate((_significant(p, points[0], self.z) for p in points), max)
+            return 1.0, None
+        target = band_of(in_flight)
+        factor, knee = 1.0, None
         for point, value in zip(points, factors, strict=True):
-            if value > 1.0:
-                return BAND_EDGES[point.index]
-        return None
+            if knee is None and value > 1.0:
+                knee = BAND_EDGES[point.index]
+            if point.index <= target:
+                factor = value
+        if target > points[-1].index and len(points) >= 2:
+            factor = max(factor, _extend(points[-2:], factors[-2:], in_flight))
+        return min(factor, MAX_FACTOR), knee
 
     def unmapped(self, label: str, in_flight: int) -> bool:
         """Whether ``in_flight`` falls in a band with no fresh sample above the least-loaded
         one measured: the curve's value there is an extrapolation (1.0 above one band),
         so a sample there says how much slower the target is at that load, and nothing of
         its no-load TTFT (``policies.latency`` keeps it out of the fits)."""
-        now = self._clock.now()
-        fresh = [
-            index
-            for index, band in self._bands.get(label, {}).items()
-            if not self._stale(band.at, now)
-        ]
+        fresh = self._fresh(label)
         index = band_of(in_flight)
         return bool(fresh) and index > min(fresh) and index not in fresh
 
     def most_seen(self, label: str) -> int | None:
         """The most requests in flight any fresh sample of ``label`` was dispatched with
         (None: no fresh sample): beyond it the factor is an extrapolation."""
-        now = self._clock.now()
-        fresh = [b.most for b in self._bands.get(label, {}).values() if not self._stale(b.at, now)]
-        return max(fresh) if fresh else None
+        return max((band.most for band in self._fresh(label).values()), default=None)
 
-    def _points(self, label: str) -> list[_Level]:
-        """Fresh bands after the isotonic fit, least loaded first."""
+    def _fresh(self, label: str) -> dict[int, _Band]:
+        """``label``'s bands not yet forgotten, by index."""
         now = self._clock.now()
-        bands = sorted(
-            (index, band)
-            for index, band in self._bands.get(label, {}).items()
-            if not self._stale(band.at, now)
-        )
+        bands = self._bands.get(label, {})
+        return {index: band for index, band in bands.items() if not self._stale(band.at, now)}
+
+    def _curve(self, label: str) -> tuple[list[_Level], list[float]]:
+        """Fresh bands after the isotonic fit, least loaded first, with their factors. The
+        running maximum keeps the factor non-decreasing: a band with fewer samples (a
+        wider error) may count for less than the band below it."""
+        bands = sorted(self._fresh(label).items())
         blocks = _isotonic(
             [band.log_factor for _, band in bands],
             [float(min(band.samples, MAX_WEIGHT)) for _, band in bands],
             [band.variance for _, band in bands],
         )
-        return [
+        points = [
             _Level(index, level, band.mean_n, weight, variance)
             for (index, band), (level, weight, variance) in zip(bands, blocks, strict=True)
         ]
+        significant = (_significant(point, points[0], self.z) for point in points)
+        return points, list(itertools.accumulate(significant, max))
 
     def _stale(self, at: float, now: float) -> bool:
         return self.max_age_s is not None and now - at > self.max_age_s

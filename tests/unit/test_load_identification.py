@@ -17,14 +17,11 @@ from hypothesis import strategies as st
 
 from core.clock import FakeClock
 from core.config_routing import SloStrategy
-from core.config_tenants import Price
-from core.protocols import Timeouts
 from core.routing import RouteRequest, TargetHealth
 from policies.latency import LatencyStats
 from policies.load import LoadCurve
 from routers.strategies.slo import Slo
-from routers.targets import Target
-from tests.unit.test_routing_promise import Answers, FixedRandom, Health
+from tests.unit.test_routing_promise import FixedRandom, Health, tgt
 
 
 def test_a_band_is_unmapped_until_sampled_and_only_above_the_least_loaded():
@@ -91,17 +88,6 @@ def test_unmapped_samples_never_move_the_fit(samples):
             assert stats.ttft_model("a") == before
 
 
-def _target(name: str, price: float) -> Target:
-    return Target(
-        alias="alias",
-        provider_name=name,
-        model="m",
-        provider=Answers(),
-        timeouts=Timeouts(),
-        price=Price(input_per_mtok=price, output_per_mtok=price),
-    )
-
-
 def test_requests_without_an_objective_leave_room_below_the_knee():
     """The box queues from 4 in flight. A request without an objective (the default 5 s)
     takes it while it and one more still find a free slot, then goes to the budget API;
@@ -109,7 +95,7 @@ def test_requests_without_an_objective_leave_room_below_the_knee():
     box is still tried first."""
     box = TargetHealth(ttft_s=0.25, ttft_spread=0.3, ttft_age_s=0.0, ttft_load_knee=4)
     budget = TargetHealth(ttft_s=1.8, ttft_spread=0.5, ttft_age_s=0.0)
-    candidates = [_target("premium", 5.0), _target("budget", 0.3), _target("local", 0.05)]
+    candidates = [tgt("premium", 5.0), tgt("budget", 0.3), tgt("local", 0.05)]
     premium = TargetHealth(ttft_s=0.35, ttft_spread=0.35, ttft_age_s=0.0)
     none, own = RouteRequest(model="alias"), RouteRequest(model="alias", slo_ttft_ms=3000)
 
