@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from core.protocols import Timeouts
@@ -148,7 +148,11 @@ def test_local_first_holds_for_exactly_the_first_share_of_the_window(
     created: float, window: float, share: float, at: float
 ) -> None:
     now = created + window * at
-    assert local_first(created, created + window, now, share) == (now < created + window * share)
+    boundary = created + window * share
+    # Within rounding of the boundary the window the function sees, (created + window) -
+    # created, is not ``window`` to the last bit (Hypothesis found 134217728.13 both ways).
+    assume(abs(now - boundary) > 1e-9 * (created + window))
+    assert local_first(created, created + window, now, share) == (now < boundary)
 
 
 def test_local_first_ends_at_once_with_share_zero_and_never_with_share_one() -> None:
