@@ -82,6 +82,9 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # Seconds since the target's last TTFT sample (None: unmeasured): how stale its
     # estimates are, for exploration.
     ttft_age_s: float | None = None
+    # The same per band of prompt lengths (``SPREAD_BAND_EDGES``; None: no sample there):
+    # a target kept busy with short prompts is fresh for them and stale for long ones.
+    ttft_band_ages_s: tuple[float | None, ...] = ()
     # From attempts cut at their first-token deadline (``policies.cuts``): a multiplier on
     # the predicted TTFT (1.0: none lately) for prompts of at least
     # ``ttft_penalty_from_tokens``, and the longest wait cut, what an otherwise unmeasured
@@ -92,6 +95,15 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # Seconds since that penalty was last raised (None: no penalty): how stale the
     # evidence is for prompts it covers, which short-prompt samples say nothing about.
     ttft_penalty_age_s: float | None = None
+
+    def age_for(self, prompt_tokens: int) -> float | None:
+        """Seconds since the last TTFT sample of a prompt in ``prompt_tokens``'s band,
+        else (none there, or no bands) since the target's last one."""
+        if self.ttft_band_ages_s:
+            age = self.ttft_band_ages_s[spread_band(prompt_tokens)]
+            if age is not None:
+                return age
+        return self.ttft_age_s
 
     def spread_for(self, prompt_tokens: int) -> float | None:
         """The TTFT spread for a prompt of ``prompt_tokens``: its band's, else the

@@ -261,6 +261,7 @@ class LatencyStats:
             ttft_load_seen=self.load.most_seen(label),
             ttft_load_knee=knee,
             ttft_age_s=self.sample_age(label),
+            ttft_band_ages_s=self.fits.band_ages_s(label),
             ttft_penalty=penalty,
             ttft_floor_s=floor,
             ttft_penalty_from_tokens=from_tokens,

@@ -36,6 +36,10 @@ def _no_bands() -> list[float]:
     return [0.0] * len(SPREAD_BAND_EDGES)
 
 
+def _unseen_bands() -> list[float | None]:
+    return [None] * len(SPREAD_BAND_EDGES)
+
+
 class Fit(Struct):
     """Exponentially weighted moments of (prompt tokens x, TTFT y) and the mean square log
     prediction error, over all samples and per band of prompt lengths
@@ -54,6 +58,9 @@ class Fit(Struct):
     band_weight: list[float] = field(default_factory=_no_bands)
     band_err2: list[float] = field(default_factory=_no_bands)
     band_at: list[float] = field(default_factory=_no_bands)  # clock.now() of its last error
+    # clock.now() of the band's last sample, checked or not (None: none yet): how old
+    # what the fit knows of that band's prompts is (``TwoSpeedFits.band_ages_s``).
+    band_seen: list[float | None] = field(default_factory=_unseen_bands)
 
 
 class TtftModel(Struct, frozen=True):
@@ -96,6 +103,7 @@ def learn(
     ``err2``: the squared log error to count, when it is known better than from
     ``seconds`` (a censored sample's expected one, ``censored``)."""
     base, slope = line(fit, slope)
+    fit.band_seen[spread_band(tokens)] = at
     predicted = base + slope * tokens
     ratio = seconds / predicted if predicted > 0 else 0.0
     if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive

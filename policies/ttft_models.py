@@ -97,6 +97,16 @@ class TwoSpeedFits:
         slow = self._fresh_slow(label, now)
         return None if slow is None else now - slow.at
 
+    def band_ages_s(self, label: str) -> tuple[float | None, ...]:
+        """Seconds since the last sample of ``label`` per band of prompt lengths
+        (``core.routing.SPREAD_BAND_EDGES``; None: none there), from the slow fit (empty:
+        no fresh slow fit)."""
+        now = self._clock.now()
+        slow = self._fresh_slow(label, now)
+        if slow is None:
+            return ()
+        return tuple(None if at is None else now - at for at in slow.band_seen)
+
     def extrapolated(self, label: str, prompt_tokens: int) -> bool:
         """Whether a prediction for ``prompt_tokens`` extrapolates the slope
         (``ttft_fit.beyond_reach`` of the slow fit, by ``prior_tokens``)."""

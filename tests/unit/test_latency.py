@@ -184,6 +184,7 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
         ttft_spread=PRIOR_SPREAD,  # no error checked yet: the prior alone
         ttft_band_spreads=(PRIOR_SPREAD,) * len(SPREAD_BAND_EDGES),  # each band the same
         ttft_age_s=0.0,
+        ttft_band_ages_s=(None, 0.0, None, None, None),  # 300 tokens: the second band
     )
 
 
