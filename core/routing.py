@@ -85,6 +85,12 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # The same per band of prompt lengths (``SPREAD_BAND_EDGES``; None: no sample there):
     # a target kept busy with short prompts is fresh for them and stale for long ones.
     ttft_band_ages_s: tuple[float | None, ...] = ()
+    # The slow fit's no-load model (``policies.ttft_models``: ~100 samples against the
+    # prediction's ~19) and its spread per band: a rescue is reserved the longer of the two
+    # tails (``routers.strategies.predict.as_rescue``).
+    ttft_steady_base_s: float | None = None
+    ttft_steady_per_token_s: float | None = None
+    ttft_steady_band_spreads: tuple[float, ...] = ()
     # From attempts cut at their first-token deadline (``policies.cuts``): a multiplier on
     # the predicted TTFT (1.0: none lately) for prompts of at least
     # ``ttft_penalty_from_tokens``, and the longest wait cut, what an otherwise unmeasured

@@ -87,6 +87,7 @@ cuts. The fits' bookkeeping lives in ``policies.ttft_models``, their arithmetic 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from msgspec import Struct
 
@@ -262,6 +263,7 @@ class LatencyStats:
             ttft_load_knee=knee,
             ttft_age_s=self.sample_age(label),
             ttft_band_ages_s=self.fits.band_ages_s(label),
+            **self._steady(label),
             ttft_penalty=penalty,
             ttft_floor_s=floor,
             ttft_penalty_from_tokens=from_tokens,
@@ -358,6 +360,19 @@ class LatencyStats:
         overall = self._routing_spread(label, model)
         spread = band_spreads(overall, model.spread, model.bands)[spread_band(prompt_tokens)]
         return model.predict(prompt_tokens) * factor, spread, factor
+
+    def _steady(self, label: str) -> dict[str, Any]:
+        """The ``TargetHealth`` fields of ``label``'s slow fit (``TwoSpeedFits.steady``),
+        its spreads as routing sees them over the samples it has checked."""
+        steady = self.fits.steady(label)
+        if steady is None:
+            return {}
+        overall = routing_spread(steady.spread, self.fits.checked(label, slow=True))
+        return {
+            "ttft_steady_base_s": steady.base_s,
+            "ttft_steady_per_token_s": steady.per_token_s,
+            "ttft_steady_band_spreads": band_spreads(overall, steady.spread, steady.bands),
+        }
 
     def _routing_spread(self, label: str, model: TtftModel) -> float:
         """``model``'s overall spread as strategies see it (``ttft_fit.routing_spread``),

@@ -113,10 +113,19 @@ class TwoSpeedFits:
         slow = self.slow.get(label)
         return slow is not None and beyond_reach(slow, prompt_tokens, self.prior_tokens)
 
-    def checked(self, label: str) -> float:
-        """How many samples' worth of out-of-sample error the fast fit has measured."""
-        fit = self.fast.get(label)
-        return checked_samples(fit.err_weight, self.alpha) if fit is not None else 0.0
+    def steady(self, label: str) -> TtftModel | None:
+        """The slow fit's own model (its line and its errors; None: no fresh slow fit):
+        what the target has been over the longer run, for reserving it as a rescue."""
+        now = self._clock.now()
+        slow = self._fresh_slow(label, now)
+        return None if slow is None else model_of(slow, self.slow_alpha, now=now)
+
+    def checked(self, label: str, slow: bool = False) -> float:
+        """How many samples' worth of out-of-sample error the fast (or slow) fit has
+        measured."""
+        fit = (self.slow if slow else self.fast).get(label)
+        alpha = self.slow_alpha if slow else self.alpha
+        return checked_samples(fit.err_weight, alpha) if fit is not None else 0.0
 
 
 def stale(at: float, now: float, max_age_s: float | None) -> bool:

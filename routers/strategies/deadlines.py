@@ -57,13 +57,12 @@ import msgspec
 from msgspec import Struct
 
 from core.routing import HealthView, RouteRequest, TargetHealth
-from routers.strategies.predict import ttft_s, ttft_tail_s
+from routers.strategies.predict import RESERVE_Z, as_rescue, ttft_s, ttft_tail_s
 from routers.targets import Target
 
 MIN_SHARE = 0.25  # slack below this share of the objective cannot save it
 PATIENCE_Z = 1.2816  # the standard normal's 90th percentile
 PATIENCE_MEAN_MULTIPLE = 1.5
-RESERVE_Z = 2.3263  # what the next target is reserved: its p99 TTFT
 SWITCH_S = 0.05  # and the moving on itself (cancel, plan, connect)
 HANG_Z = 3.0902  # p99.9
 HANG_MEAN_MULTIPLE = 3.0
@@ -170,7 +169,7 @@ def _first_reserve(
 ) -> float | None:
     """The ``z`` tail of the first measured target in ``later`` (None: none is)."""
     for target in later:
-        reserve = ttft_tail_s(req, health.health(target.label), z)
+        reserve = ttft_tail_s(req, as_rescue(req, health.health(target.label)), z)
         if reserve is not None:
             return reserve
     return None
@@ -196,7 +195,7 @@ def hedged_first(
     if max_share <= 0 or len(ordered) < 2 or req.slo_ttft_ms is None:
         return None
     objective = req.slo_ttft_ms / 1000.0
-    second = health.health(ordered[1].label)
+    second = as_rescue(req, health.health(ordered[1].label))
     backup = ttft_s(req, second) or 0.0
     latest = objective - backup - SWITCH_S
     if latest <= 0.0:

@@ -18,8 +18,8 @@ import random
 
 from core.config_routing import SloStrategy
 from core.routing import RouteRequest, TargetHealth
-from routers.strategies.deadlines import MIN_SHARE, RESERVE_Z, SWITCH_S
-from routers.strategies.predict import cost_usd, ttft_tail_s
+from routers.strategies.deadlines import MIN_SHARE, SWITCH_S
+from routers.strategies.predict import RESERVE_Z, as_rescue, cost_usd, ttft_tail_s
 from routers.targets import Target
 
 
@@ -119,7 +119,7 @@ def window_s(req: RouteRequest, fallback: TargetHealth) -> float | None:
     None when that leaves the probe under ``MIN_SHARE`` of the objective. At the
     fallback's p90 (until session 18) one cut probe in ten left it too little time: end
     to end, a probe of `mid` right after its hang missed."""
-    slack = slack_s(req, fallback, RESERVE_Z)
+    slack = slack_s(req, as_rescue(req, fallback), RESERVE_Z)
     if req.slo_ttft_ms is None or slack is None:
         return None
     window = slack - SWITCH_S

@@ -14,13 +14,12 @@ from core.routing import RouteRequest, TargetHealth, ttft_exceeds_p
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import (
     MIN_SHARE,
-    RESERVE_Z,
     SWITCH_S,
     Deadline,
     hang_patience_s,
     patience_s,
 )
-from routers.strategies.predict import cost_usd, ttft_s, ttft_tail_s
+from routers.strategies.predict import RESERVE_Z, as_rescue, cost_usd, ttft_s, ttft_tail_s
 from routers.targets import Target
 
 
@@ -48,7 +47,7 @@ def rescuable(
     room = (1.0 - MIN_SHARE) * req.slo_ttft_ms / 1000.0 - SWITCH_S
     for target in candidates:
         health = healths[target.label]
-        tail = ttft_tail_s(req, health, RESERVE_Z)
+        tail = ttft_tail_s(req, as_rescue(req, health), RESERVE_Z)
         if tail is None or (tail <= room and not cut_only(health)):
             return True
     return False
@@ -98,7 +97,7 @@ def rescued_in_time(
     best: tuple[float, float, str, float] = (1.0, 1.0, "", 0.0)
     measured, unmeasured = 0, 0  # other targets judged as rescues; others never measured
     for other in candidates:
-        rescue = healths[other.label]
+        rescue = as_rescue(req, healths[other.label])
         mean = ttft_s(req, rescue)
         if other.label == target.label:
             continue
@@ -158,7 +157,7 @@ def early_cut_s(
     objective = req.slo_ttft_ms / 1000.0
     best: tuple[float, Target] | None = None  # (the rescue's p99, the rescue)
     for other in candidates:
-        rescue = healths[other.label]
+        rescue = as_rescue(req, healths[other.label])
         tail = ttft_tail_s(req, rescue, RESERVE_Z)
         if other.label == target.label or cut_only(rescue) or tail is None:
             continue
@@ -171,7 +170,7 @@ def early_cut_s(
     if cut < MIN_SHARE * objective or rescue_cost is None:
         return None
     cut_p = ttft_exceeds_p(first, health.spread_for(req.prompt_tokens) or 0.0, cut)
-    rescue = healths[best[1].label]
+    rescue = as_rescue(req, healths[best[1].label])
     late_p = ttft_exceeds_p(
         ttft_s(req, rescue) or 0.0, rescue.spread_for(req.prompt_tokens) or 0.0, best[0]
     )

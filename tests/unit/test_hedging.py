@@ -23,11 +23,11 @@ from routers.executor import Executor
 from routers.hedge import HEDGE_FLOOR, HEDGE_WINDOW_S, CutSwitch, hedge_budget, race
 from routers.strategies.deadlines import (
     MIN_PATIENCE_S,
-    RESERVE_Z,
     Deadline,
     Hedge,
     hedged_first,
 )
+from routers.strategies.predict import RESERVE_Z
 from routers.strategies.slo import Slo
 from routers.targets import Target
 from routers.trace import Trace

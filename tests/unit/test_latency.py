@@ -185,6 +185,9 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
         ttft_band_spreads=(PRIOR_SPREAD,) * len(SPREAD_BAND_EDGES),  # each band the same
         ttft_age_s=0.0,
         ttft_band_ages_s=(None, 0.0, None, None, None),  # 300 tokens: the second band
+        ttft_steady_base_s=0.4,  # the slow fit has learnt the same sample
+        ttft_steady_per_token_s=0.0,
+        ttft_steady_band_spreads=(PRIOR_SPREAD,) * len(SPREAD_BAND_EDGES),
     )
 
 
