@@ -30,6 +30,10 @@ FIELDS = (
     "ttft_penalty",
     "ttft_penalty_from_tokens",
     "ttft_age_s",
+    "ttft_band_ages_s",
+    "ttft_steady_base_s",
+    "ttft_steady_per_token_s",
+    "ttft_steady_band_spreads",
     "in_flight",
     "breaker",
 )

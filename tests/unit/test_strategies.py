@@ -283,6 +283,31 @@ def test_slo_cheapest_feasible_then_closest_infeasible():
     assert ranked[2].reason == "slo: misses ttft<=800ms; closest left (predicted 1.5s)"
 
 
+def test_slo_ranks_targets_that_miss_by_their_chance_of_being_late():
+    """At start-up: premium's mean meets 800 ms but its spread is wide; the local box's
+    mean misses it with a narrow spread, so its p90 is the shorter. By the chance of
+    being late, premium (~19%) comes before the box (~42%)."""
+    req = RouteRequest(model="a", prompt_tokens=300, max_tokens=100, slo_ttft_ms=800)
+    health = Health(
+        box=TargetHealth(ttft_s=0.82, ttft_spread=0.52),
+        premium=TargetHealth(ttft_s=0.539, ttft_spread=1.0),
+    )
+    candidates = [
+        target("box", price=per_mtok(0.05, 0.1)),
+        target("premium", price=per_mtok(5, 15)),
+    ]
+    ranked = Slo().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["premium", "box"]
+    assert all("misses ttft<=800ms" in r.reason for r in ranked)
+    by_ratio = Slo().plan(
+        RouteRequest(model="a", prompt_tokens=300, slo_ttft_ms=800, slo_total_ms=60_000),
+        candidates,
+        health,
+        random.Random(0),
+    )
+    assert names(by_ratio) == ["box", "premium"]  # a total objective keeps the tail ratio
+
+
 def test_slo_total_objective_uses_time_per_token():
     req = RouteRequest(model="a", max_tokens=1000, slo_total_ms=5000)
     health = Health(
