@@ -7,7 +7,8 @@ With them, each planned target but the last gets a ``Deadline``:
 
 - ``by_s``, counted from the request's start: ``objective - tail(next target) - 50 ms``,
   the latest moment that still leaves the next target its p99 TTFT prediction
-  (``predict.ttft_tail_s``) and the switch to meet the objective. An unmeasured next
+  (``predict.ttft_tail_s`` of ``predict.as_rescue``: the longer of its recent and its
+  longer-run p99) and the switch to meet the objective. An unmeasured next
   target reserves what the first measured target after it needs (it may not answer
   either: cold, the cheap targets are tried first and the measured one is the rescue);
   with none measured, nothing is reserved. (It reserved nothing before: at start-up an

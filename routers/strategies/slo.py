@@ -44,8 +44,8 @@ class Slo:
     a target was judged with comes right after it in the plan (``rescue.rescues_next``).
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
-    closest to the objective first (smallest ratio of tail prediction to objective: with
-    only a TTFT objective, the quickest to start however slowly it then generates).
+    least likely to be late first (``_by_late_chance``; with an objective on the whole
+    answer too, the smallest ratio of tail prediction to objective).
     Unmeasured targets get measured (one possibly slow answer, after which their estimate
     decides): for a request without an objective of its own (the default one), the
     cheapest idle unmeasured target counts as feasible; a request with its own objective
