@@ -57,10 +57,10 @@ class Fit(Struct):
     slope: float = 0.0  # seconds per prompt token, remembered (see ``learn``)
     band_weight: list[float] = field(default_factory=_no_bands)
     band_err2: list[float] = field(default_factory=_no_bands)
-    band_at: list[float] = field(default_factory=_no_bands)  # clock.now() of its last error
-    # clock.now() of the band's last sample, checked or not (None: none yet): how old
-    # what the fit knows of that band's prompts is (``TwoSpeedFits.band_ages_s``).
-    band_seen: list[float | None] = field(default_factory=_unseen_bands)
+    # clock.now() of the band's last sample (None: none yet): how old what the fit knows
+    # of that band's prompts is (``TwoSpeedFits.band_ages_s``), and when its count of
+    # checked errors started to fade (``model_of``).
+    band_at: list[float | None] = field(default_factory=_unseen_bands)
 
 
 class TtftModel(Struct, frozen=True):
@@ -103,17 +103,16 @@ def learn(
     ``err2``: the squared log error to count, when it is known better than from
     ``seconds`` (a censored sample's expected one, ``censored``)."""
     base, slope = line(fit, slope)
-    fit.band_seen[spread_band(tokens)] = at
+    band = spread_band(tokens)
+    fit.band_at[band] = at
     predicted = base + slope * tokens
     ratio = seconds / predicted if predicted > 0 else 0.0
     if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive
         error2 = math.log(ratio) ** 2 if err2 is None else err2
         fit.err_weight = (1 - a) * fit.err_weight + a
         fit.err2 += a / fit.err_weight * (error2 - fit.err2)
-        band = spread_band(tokens)
         fit.band_weight[band] = (1 - a) * fit.band_weight[band] + a
         fit.band_err2[band] += a / fit.band_weight[band] * (error2 - fit.band_err2[band])
-        fit.band_at[band] = at
     fit.weight = (1 - a) * fit.weight + a
     share = a / fit.weight  # 1 for the first sample, 1/2 (nearly) for the second ...
     # Incremental exponentially weighted (co)variance (West 1979): no cancellation.
@@ -157,12 +156,18 @@ def model_of(
 ) -> TtftModel:
     """``fit``'s model (its line drawn with ``slope`` when given, as ``line``), with its
     bands' errors counted at the fit's ``alpha``, each band's count halving every
-    ``half_life_s`` since its last error (at clock time ``now``): see ``band_spreads``."""
+    ``half_life_s`` since its last sample (at clock time ``now``): see ``band_spreads``."""
     bands = tuple(
-        (checked_samples(weight, alpha) * 0.5 ** (max(0.0, now - at) / half_life_s), err2)
+        (_faded(checked_samples(weight, alpha), at, now, half_life_s), err2)
         for weight, err2, at in zip(fit.band_weight, fit.band_err2, fit.band_at, strict=True)
     )
     return TtftModel(*line(fit, slope), spread_of(fit), bands)
+
+
+def _faded(checked: float, at: float | None, now: float, half_life_s: float) -> float:
+    """``checked`` samples last added to at ``at`` (None: never), halved every
+    ``half_life_s`` since."""
+    return 0.0 if at is None else checked * 0.5 ** (max(0.0, now - at) / half_life_s)
 
 
 # What a target's spread is believed to be before its own errors say (log TTFT spread of a

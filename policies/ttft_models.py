@@ -105,7 +105,7 @@ class TwoSpeedFits:
         slow = self._fresh_slow(label, now)
         if slow is None:
             return ()
-        return tuple(None if at is None else now - at for at in slow.band_seen)
+        return tuple(None if at is None else now - at for at in slow.band_at)
 
     def extrapolated(self, label: str, prompt_tokens: int) -> bool:
         """Whether a prediction for ``prompt_tokens`` extrapolates the slope

@@ -335,10 +335,10 @@ def _by_late_chance(
     that it is late (``1 + 1e-8 + chance`` in ``over``: after the just-infeasible ones,
     ordered by that chance, then by the overshoot). Its tail's overshoot ranked a narrow
     target whose mean misses the objective before a wide one whose mean meets it: end to
-    end, at start-up,
-    an 800 ms request went to the local box (mean 820 ms, tail 1.5 s: late ~40% of the
-    time) over premium (mean 540 ms, tail 1.6 s: ~20%) and missed. Requests with an
-    objective on the whole answer keep the ratio (its spread is not modelled)."""
+    end, at start-up, an 800 ms request went to the local box (mean 820 ms, tail 1.5 s:
+    late ~42% of the time) over premium (mean 540 ms, tail 1.6 s: ~19%) and missed.
+    Requests with an objective on the whole answer keep the ratio (its spread is not
+    modelled)."""
     if req.slo_ttft_ms is None or req.slo_total_ms is not None:
         return
     for t in missing:
