@@ -1,5 +1,6 @@
 """``python -m bench.routing_e2e``: replay seeded traces through real gateways, one per
-routing policy, against fake upstreams; print the table and the slo-vs-priority verdict.
+routing policy, against fake upstreams; print the table, the slo-vs-priority verdict and
+where slo's misses over priority come from (``bench.routing_e2e.excess``).
 
 Contract: prints the expected and the longest duration first, runs every (seed, feed)
 group in turn (the policies of a group side by side), stops by itself, and writes per-seed
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.routing_e2e import report
+from bench.routing_e2e.excess import excess, excess_lines
 from bench.routing_e2e.menu import ORDER
 from bench.routing_e2e.runner import POLICIES, PolicyRun, Settings, run_group
 
@@ -126,6 +128,7 @@ def build_report(settings: Settings, runs: list[PolicyRun]) -> dict[str, Any]:
         "per_seed": metrics,
         "aggregate": agg,
         "verdicts": report.verdicts(agg, metrics),
+        "excess_misses": excess(metrics),
         "configs": {
             f"{r.seed}/{r.feed}/{r.policy}": r.config
             for r in runs[: len(settings.policies) * len(settings.feeds)]
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(result["aggregate"]))
     print("cells: attainment % ± SE (across seeds; binomial with one seed); TTFT in s")
     print(report.verdict_lines(result["verdicts"]))
+    print(excess_lines(result["excess_misses"]))
     me, kids = (
         resource.getrusage(resource.RUSAGE_SELF),
         resource.getrusage(resource.RUSAGE_CHILDREN),

@@ -10,7 +10,8 @@ Contract (all pure):
 - ``aggregate(metrics)`` -> per (feed, policy): means over seeds, SE across seeds (None
   with one seed) and the pooled binomial SE.
   ``objective_met`` lists ``(block, met)`` per request with an objective, in trace order
-  (``bench.routing_e2e.paired``).
+  (``bench.routing_e2e.paired``); ``misses`` the ``(index, kind)`` of each that missed
+  (``bench.routing_e2e.excess``).
 - ``verdicts(agg, metrics)`` -> per feed: slo vs priority, saving and attainment
   difference against its SE, paired request by request and clustered in blocks of trace
   time (``bench.routing_e2e.paired``).
@@ -24,6 +25,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
+from bench.routing_e2e.excess import miss_kinds
 from bench.routing_e2e.menu import MENU, ORDER
 from bench.routing_e2e.paired import BLOCK_S, block_of, clustered_difference
 from bench.routing_e2e.runner import PolicyRun
@@ -121,6 +123,7 @@ def run_metrics(run: PolicyRun) -> dict[str, Any]:
         "objective_met": [
             (block_of(trace[i].at_s), _met(run, i, trace[i].slo_ttft_ms)) for i in with_obj
         ],
+        "misses": miss_kinds(run),
         "fallbacks": sum(1 for o in outs if (o.attempts or 1) > 1),
         "upstreams": ups,
         "harness_loop_lag_s": run.loop_lag_s,

@@ -150,4 +150,8 @@ async def test_tiny_trace_through_real_gateways(tmp_path):
         for key in ("cost_per_1k", "ttft_s", "goodput_rps", "outage", "share"):
             assert key in agg
     assert result["verdicts"][0]["feed"] == "metrics"
+    (paired,) = result["excess_misses"]  # slo's misses, paired with priority's
+    by_policy = {m["policy"]: len(m["misses"]) for m in result["per_seed"]}
+    assert paired["both"] + sum(paired["policy_only"].values()) == by_policy["slo"]
+    assert paired["both"] + paired["baseline_only"] == by_policy["priority"]
     assert "metrics/slo" in report.table(result["aggregate"])
