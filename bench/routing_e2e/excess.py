@@ -2,12 +2,10 @@
 by (seed, request) across the two policies' runs of the same trace, each miss of one
 policy that the other met counted by kind.
 
-Contract (pure): ``miss_kinds(run)`` -> for each request with an objective that missed
-it, ``(index, kind)`` in trace order; kind is ``start-up`` (arrived in the first
-``STARTUP_S`` seconds, while the gateway was still learning its targets), ``after a cut``
-(served, or failed, on a later attempt: the first was cut or failed) or ``first attempt``.
-``excess(metrics)`` -> per feed and policy with ``slo`` in its name, against ``priority``:
-misses of both, of the baseline only, and of the policy only by kind. Why: the verdict's
+Contract (pure): ``excess(metrics)``, over the ``misses`` of ``report.run_metrics``
+(``report.miss_kinds``: start-up, after a cut, first attempt) -> per feed and policy
+with ``slo`` in its name, against ``priority``: misses of both, of the baseline only,
+and of the policy only by kind. Why: the verdict's
 difference says how far a policy is behind, not why; the pairing (the upstreams' latency
 draws are the same for a request whatever the policy) separates what the policy added
 from the upstreams' own tail, which no policy could avoid (decision 0010, session 22)."""
@@ -18,29 +16,7 @@ import itertools
 from collections import Counter
 from typing import Any
 
-from bench.routing_e2e.runner import PolicyRun
-
-STARTUP_S = 15.0
-KINDS = ("start-up", "after a cut", "first attempt")
-
-
-def miss_kinds(run: PolicyRun) -> list[tuple[int, str]]:
-    """``(index, kind)`` of each request that missed its objective (see the contract)."""
-    out = []
-    for req, got in zip(run.trace, run.outcomes, strict=True):
-        limit = req.slo_ttft_ms
-        if limit is None:
-            continue
-        if got.ok and got.ttft_s is not None and got.ttft_s * 1000 <= limit:
-            continue
-        if req.at_s < STARTUP_S:
-            kind = KINDS[0]
-        elif (got.attempts or 1) > 1:
-            kind = KINDS[1]
-        else:
-            kind = KINDS[2]
-        out.append((req.index, kind))
-    return out
+from bench.routing_e2e.report import KINDS
 
 
 def excess(metrics: list[dict[str, Any]], baseline: str = "priority") -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ Contract (all pure):
   with one seed) and the pooled binomial SE.
   ``objective_met`` lists ``(block, met)`` per request with an objective, in trace order
   (``bench.routing_e2e.paired``); ``misses`` the ``(index, kind)`` of each that missed
-  (``bench.routing_e2e.excess``).
+  (``miss_kinds``; paired across policies by ``bench.routing_e2e.excess``).
 - ``verdicts(agg, metrics)`` -> per feed: slo vs priority, saving and attainment
   difference against its SE, paired request by request and clustered in blocks of trace
   time (``bench.routing_e2e.paired``).
@@ -25,7 +25,6 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from bench.routing_e2e.excess import miss_kinds
 from bench.routing_e2e.menu import MENU, ORDER
 from bench.routing_e2e.paired import BLOCK_S, block_of, clustered_difference
 from bench.routing_e2e.runner import PolicyRun
@@ -53,6 +52,26 @@ def _met(run: PolicyRun, i: int, limit_ms: float | None) -> bool:
     if not out.ok or out.ttft_s is None:
         return False
     return limit_ms is None or out.ttft_s * 1000 <= limit_ms
+
+
+STARTUP_S = 15.0  # the gateway is still learning its targets
+KINDS = ("start-up", "after a cut", "first attempt")
+
+
+def miss_kinds(run: PolicyRun) -> list[tuple[int, str]]:
+    """``(index, kind)`` of each request that missed its objective, in trace order: kind
+    is ``start-up`` (arrived in the first ``STARTUP_S`` seconds), ``after a cut`` (served,
+    or failed, on a later attempt: the first was cut or failed) or ``first attempt``."""
+    out = []
+    for i, req in enumerate(run.trace):
+        if req.slo_ttft_ms is None or _met(run, i, req.slo_ttft_ms):
+            continue
+        if req.at_s < STARTUP_S:
+            kind = KINDS[0]
+        else:
+            kind = KINDS[1] if (run.outcomes[i].attempts or 1) > 1 else KINDS[2]
+        out.append((req.index, kind))
+    return out
 
 
 def _upstreams(run: PolicyRun) -> tuple[float, dict[str, Any]]:

@@ -1,10 +1,12 @@
-"""Where a policy's misses over the baseline's come from (``bench.routing_e2e.excess``):
-each miss classified, and pairs counted by seed and request."""
+"""Where a policy's misses over the baseline's come from: each miss classified
+(``bench.routing_e2e.report.miss_kinds``), and pairs counted by seed and request
+(``bench.routing_e2e.excess``)."""
 
 from __future__ import annotations
 
 from bench.routing_e2e.client import Outcome
-from bench.routing_e2e.excess import STARTUP_S, excess, excess_lines, miss_kinds
+from bench.routing_e2e.excess import excess, excess_lines
+from bench.routing_e2e.report import STARTUP_S, miss_kinds
 from bench.routing_e2e.runner import PolicyRun
 from bench.routing_e2e.workload import TraceRequest
 
