@@ -305,7 +305,7 @@ class Executor:
         async def may_hedge() -> bool:
             if run.passed(backup) or await self._refusal(backup, hooks.gate) is not None:
                 return False
-            return self.hedges.try_retry(run.model, share)
+            return share is None or self.hedges.try_retry(run.model, share)
 
         outcome = await race(
             lambda: self._call_target(primary, primary_commit, trace, hooks),

@@ -5,7 +5,8 @@ build the ``RouteRequest`` the gateway would (prompt tokens, ``max_tokens``, the
 objective), plan with ``routers.planner.plan_route`` (filters + the real strategy), then walk
 the plan like the executor: a target in an outage fails after ``fail_after_s`` and the next
 one is tried, and so is one whose first token would come after its first-token deadline
-(``Plan.deadlines``: it is cut there, raising its cut penalty); the first that
+(``Plan.deadlines``: it is cut there, raising its cut penalty; with a hedge, the first
+target is raced against the second from the hedge moment instead); the first that
 answers serves. The request's TTFT counts from its arrival, so
 time lost on failed attempts counts against the objective. When every candidate is a
 saturated local replica, the request queues there (the gateway's admission queue); when
@@ -24,8 +25,8 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from bench.simulator.health import HealthBoard
-from bench.simulator.targets import LocalTier, Outage, SimTarget
+from bench.simulator.health import HealthBoard, Sent
+from bench.simulator.targets import LocalTier, Outage, Service, SimTarget
 from bench.simulator.trace import SimRequest
 from core.errors import InvalidRequestError
 from core.protocols import Capabilities, Timeouts
@@ -128,7 +129,8 @@ class Simulation:
         """Serve ``req`` along ``ordered`` as the gateway's executor would: an outage fails
         the attempt after its ``fail_after_s``; an attempt whose first token would come
         after its first-token deadline (``deadlines``, seconds after arrival) is cut there
-        and the next target tried."""
+        and the next target tried, or, with a hedge (first target only), raced against
+        the next one from the hedge moment (``_race``)."""
         noise = random.Random(self.seed * 1_000_003 + req.index)
         at_s = req.arrival_s
         failed: list[str] = []
@@ -146,21 +148,68 @@ class Simulation:
                 failed.append(label)
                 continue
             service = self.models[label].serve(at_s, req, noise)
+            hedge_s = None if deadline is None else deadline.hedge_window_s(at_s - req.arrival_s)
+            if target is ordered[0] and len(ordered) > 1 and hedge_s is not None:
+                first = (target, sent, service, at_s + hedge_s)
+                late = service.ttft_s > hedge_s
+                raced = self._race(req, first, ordered[1], deadlines, noise) if late else None
+                if raced is not None:
+                    return raced
             if service.ttft_s > window:
                 self.board.cut(label, sent, window, req.prompt_tokens)
                 at_s += window
                 failed.append(label)
                 continue
-            end_s = at_s + service.total_s(req.output_tokens)
-            self.board.succeeded(
-                label,
-                sent,
-                service.ttft_s,
-                service.tpot_s,
-                end_s,
-                req.prompt_tokens,
-                req.output_tokens,
-            )
-            ttft = at_s - req.arrival_s + service.ttft_s
-            return Outcome(req, label, ttft, service.cost_usd, tuple(failed))
+            return self._served(req, target, sent, service, tuple(failed))
         return Outcome(req, None, None, 0.0, tuple(failed))
+
+    def _race(
+        self,
+        req: SimRequest,
+        first: tuple[Target, Sent, Service, float],
+        backup: Target,
+        deadlines: Mapping[str, Deadline],
+        noise: random.Random,
+    ) -> Outcome | None:
+        """The first target's hedge (``routers.hedge.race``): ``first`` is (target, its
+        attempt, its service, the hedge moment). ``backup`` starts at the hedge moment and
+        the first to answer serves; the loser is stopped (a primary that lost: a cut at
+        that moment; a backup: cancelled). None when the backup may not start (its own
+        deadline passed, or in an outage: the executor's refusal), so the first is cut as
+        usual. Like a cut attempt, the loser costs nothing here (decision 0010)."""
+        target, sent, service, hedge_at = first
+        deadline = deadlines.get(backup.label)
+        elapsed = hedge_at - req.arrival_s
+        window = math.inf if deadline is None else deadline.window_s(elapsed)
+        down = any(o.down(backup.label, hedge_at) for o in self.outages)
+        if window < MIN_ATTEMPT_WINDOW_S or down:
+            return None
+        other = self.board.started(backup.label, hedge_at, req.prompt_tokens)
+        rival = self.models[backup.label].serve(hedge_at, req, noise)
+        own_at, rival_at = sent.start_s + service.ttft_s, hedge_at + rival.ttft_s
+        if rival.ttft_s > window:  # the backup cut at its own deadline: the first goes on
+            self.board.cut(backup.label, other, window, req.prompt_tokens)
+            rival_at = math.inf
+        if own_at <= rival_at:
+            if rival_at < math.inf:
+                self.board.cancelled(backup.label, other, own_at)
+            return self._served(req, target, sent, service, ())
+        self.board.cut(target.label, sent, rival_at - sent.start_s, req.prompt_tokens)
+        return self._served(req, backup, other, rival, (target.label,))
+
+    def _served(
+        self, req: SimRequest, target: Target, sent: Sent, service: Service, failed: tuple[str, ...]
+    ) -> Outcome:
+        """Record ``target``'s answer to ``req`` (attempt ``sent``) and its outcome."""
+        end_s = sent.start_s + service.total_s(req.output_tokens)
+        self.board.succeeded(
+            target.label,
+            sent,
+            service.ttft_s,
+            service.tpot_s,
+            end_s,
+            req.prompt_tokens,
+            req.output_tokens,
+        )
+        ttft = sent.start_s - req.arrival_s + service.ttft_s
+        return Outcome(req, target.label, ttft, service.cost_usd, failed)

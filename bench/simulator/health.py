@@ -127,6 +127,11 @@ class HealthBoard:
         self._push(at_s, "ttft", label, ttft_s, prompt_tokens, attempt.load, attempt.ident)
         self._push(end_s, "done", label, tpot_s * output_tokens, output_tokens)
 
+    def cancelled(self, label: str, attempt: Sent, at_s: float) -> None:
+        """An attempt stopped at ``at_s`` because another answered first (a hedge race's
+        backup): it says nothing about its target."""
+        self._push(at_s, "cancel", label, ident=attempt.ident)
+
     def failed(self, label: str, attempt: Sent, at_s: float) -> None:
         self._push(at_s, "fail", label, ident=attempt.ident)
 
@@ -161,6 +166,8 @@ class HealthBoard:
                 prompt_tokens=tokens,
                 in_flight=load,
             )
+            stats.in_flight -= 1
+        elif kind == "cancel":
             stats.in_flight -= 1
         elif kind == "done":
             self.latency.observe_tokens(label, tokens or 0, value)

@@ -72,11 +72,12 @@ MIN_PATIENCE_S = 0.25  # below this, the gateway's own scheduling noise decides
 
 class Hedge(Struct, frozen=True):
     """Start the next target alongside this one ``after_s`` after this attempt's start
-    (or at its cut, if sooner), if the alias has spent under ``max_share`` of its recent
-    requests on hedges (``routers.hedge``)."""
+    (or at its cut, if sooner; None: at its cut), if the alias has spent under
+    ``max_share`` of its recent requests on hedges (``routers.hedge``; None: uncapped, a
+    race in place of a cut, see ``rescue.raced``)."""
 
-    after_s: float
-    max_share: float
+    after_s: float | None
+    max_share: float | None
 
 
 class Deadline(Struct, frozen=True):
@@ -94,7 +95,8 @@ class Deadline(Struct, frozen=True):
         which to hedge it; None without a hedge."""
         if self.hedge is None:
             return None
-        return min(self.window_s(request_elapsed_s), self.hedge.after_s)
+        window = self.window_s(request_elapsed_s)
+        return window if self.hedge.after_s is None else min(window, self.hedge.after_s)
 
     def window_s(self, request_elapsed_s: float) -> float:
         """Seconds an attempt starting ``request_elapsed_s`` into the request may wait."""

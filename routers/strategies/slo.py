@@ -41,7 +41,8 @@ class Slo:
     A target whose cut at its patience leaves no rescue in time more than ``1 -
     Phi(alone_z)`` of the time (``rescue.rescued_in_time``) is cut early for its rescue
     when that is worth it (``rescue.early_cut_s``), else judged at ``alone_z``; the rescue
-    a target was judged with comes right after it in the plan (``rescue.rescues_next``).
+    a target was judged with comes right after it in the plan (``rescue.rescues_next``)
+    and, for the first target, races it from its cut instead (``rescue.raced``).
 
     Order: feasible targets cheapest first (unpriced last), then the infeasible ones
     least likely to be late first (``_by_late_chance``; with an objective on the whole
@@ -142,7 +143,7 @@ class Slo:
         rescue_of = {label: r.by for label, r in judged.items()}
         ranked = rescue.rescues_next(goal, ranked, rescue_of, healths)
         if goal is not req:
-            return _with_deadlines(goal, ranked, health, z)
+            return rescue.raced(_with_deadlines(goal, ranked, health, z), rescue_of, {})
         probe = explore.probe(
             self.config,
             self.z,
@@ -156,7 +157,8 @@ class Slo:
         rest = [r for r in ranked if probe is not None and r.target.label != probe.label]
         window = None if not rest else explore.window_s(req, healths[rest[0].target.label])
         if probe is None or window is None:
-            return self._with_hedge(req, ranked, health)
+            deadlines = first_token_deadlines(req, [r.target for r in ranked], health)
+            return self._with_hedge(req, rescue.raced(ranked, rescue_of, deadlines), health)
         age = explore.evidence_age_s(req, healths[probe.label])
         known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
         if probe is not unknown:
@@ -201,8 +203,11 @@ class Slo:
     ) -> list[Ranked]:
         """``ranked`` with the first target's deadline hedged when ``hedge_share`` allows
         (``deadlines.hedged_first``); an early cut keeps its moment, the hedge starting
-        there at the latest."""
+        there at the latest. A first target raced against its rescue (``rescue.raced``)
+        keeps that race."""
         share = self.config.hedge_share
+        if ranked and ranked[0].deadline is not None and ranked[0].deadline.hedge is not None:
+            return ranked
         deadline = hedged_first(req, [r.target for r in ranked], health, share)
         if deadline is None:
             return ranked

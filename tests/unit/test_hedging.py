@@ -262,6 +262,37 @@ async def test_without_budget_the_first_target_is_cut_at_its_deadline_instead():
 
 
 @pytest.mark.anyio
+async def test_a_race_in_place_of_a_cut_starts_at_the_cut_and_needs_no_budget():
+    """``rescue.raced``: ``Hedge(None, None)`` races the rescue from the cut moment, even
+    with the hedge budget spent; a first target that answers after its cut still wins."""
+    executor = Executor(RoutingConfig())
+    executor.hedges.try_retry("alias", 0.0)  # the floor's one hedge, spent
+    late, rescue, seen = Upstream("late", 0.25), Upstream("rescue", 0.5), Recorder()
+    first, rest, trace = await open_hedged(
+        executor, [late, rescue], Deadline(0.1, hedge=Hedge(None, None)), observer=seen
+    )
+    assert first == "first from late" and trace.served_by.provider_name == "late"
+    assert trace.hedge_loser.provider_name == "rescue" and rescue.opened == 1
+    await rest.aclose()
+    # Cut alone at the same moment, the late answer was lost and the rescue served.
+    late, rescue = Upstream("late", 0.25), Upstream("rescue", 0.5)
+    first, rest, trace = await open_hedged(Executor(RoutingConfig()), [late, rescue], Deadline(0.1))
+    assert first == "first from rescue"
+    assert [a.error for a in trace.attempts] == ["AttemptDeadlineError", None]
+    await rest.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_race_in_place_of_a_cut_does_not_start_before_the_cut():
+    quick, rescue = Upstream("quick", 0.05), Upstream("rescue", 0.0)
+    first, rest, trace = await open_hedged(
+        Executor(RoutingConfig()), [quick, rescue], Deadline(0.3, hedge=Hedge(None, None))
+    )
+    assert first == "first from quick" and trace.hedge is None and rescue.opened == 0
+    await rest.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_first_target_that_fails_early_falls_back_unhedged():
     broken = Upstream("broken", error=UpstreamServerError("boom", provider="broken"))
     quick = Upstream("quick", 0.0)

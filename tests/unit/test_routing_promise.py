@@ -28,10 +28,12 @@ from policies.latency import LatencyStats
 from policies.load import BAND_EDGES, MAX_FACTOR, LoadCurve, TargetLoad, band_of
 from policies.ttft_fit import Fit, beyond_reach
 from routers.executor import Executor
+from routers.strategies import rescue
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import (
     MIN_SHARE,
     Deadline,
+    Hedge,
     first_token_deadlines,
     hang_patience_s,
     patience_s,
@@ -688,11 +690,14 @@ def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being
     assert ttft_quantile_s(1.7, 0.4, 1.2816) < 3.0  # feasible at the p90 alone
     assert first(tgt("premium", 5.0), tgt("budget", 4.0)).target.provider_name == "premium"
     assert first(tgt("premium", 5.0), tgt("mid", 1.0)).target.provider_name == "mid"
-    assert first(tgt("premium", 5.0), tgt("mid", 1.0)).deadline is None  # the planner's
+    mid_first = first(tgt("premium", 5.0), tgt("mid", 1.0)).deadline
+    assert mid_first is not None  # the planner's, raced against premium from its cut
+    assert mid_first.patience_s == pytest.approx(1.5 * 1.45)
+    assert mid_first.hedge == Hedge(None, None)
     early = first(tgt("premium", 5.0), tgt("budget", 0.3))
     assert early.target.provider_name == "budget"
     assert early.deadline == Deadline(
-        pytest.approx(3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05)
+        pytest.approx(3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05), hedge=Hedge(None, None)
     )
     assert "cut at 2.2s for a rescue" in early.reason
     # A target never measured, or one only ever cut, is no rescue (decision 0010, session
@@ -775,12 +780,14 @@ def test_an_early_cut_is_planned_without_patience_and_a_hedge_starts_there_at_th
     candidates = [tgt("mid", 1.0), tgt("premium", 5.0)]
     plan = Slo().plan(RAG, candidates, health, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["mid", "premium"]
-    assert plan[0].deadline == Deadline(pytest.approx(_early(mid)))
+    # raced against its rescue from the cut (rescue.raced), not cut there
+    assert plan[0].deadline == Deadline(pytest.approx(_early(mid)), hedge=Hedge(None, None))
     assert plan[0].deadline.window_s(0.0) == pytest.approx(_early(mid))
+    assert plan[0].deadline.hedge_window_s(0.0) == pytest.approx(_early(mid))
     hedged = Slo(SloStrategy(hedge_share=0.1)).plan(RAG, candidates, health, FixedRandom(0.9))
     deadline = hedged[0].deadline
     assert deadline.by_s == pytest.approx(_early(mid)) and deadline.patience_s is None
-    assert deadline.hedge is not None
+    assert deadline.hedge == Hedge(None, None)  # the race, uncapped, is kept
     assert deadline.hedge_window_s(0.0) <= _early(mid) + 1e-9
 
 
@@ -804,6 +811,21 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
     sure = Health(premium=premium, budget=TargetHealth(ttft_s=0.5, ttft_age_s=0.0), mid=mid)
     plan = Slo().plan(req, candidates, sure, FixedRandom(0.9))  # no spread: never cut
     assert [r.target.provider_name for r in plan] == ["budget", "mid", "premium"]
+    assert plan[0].deadline is None  # no rescue judged: the planner's cut, no race
+
+
+def test_only_a_first_target_followed_by_its_rescue_is_raced():
+    a, b, c = (Ranked(tgt(name, 1.0), "why") for name in ("a", "b", "c"))
+    cut = {"a/m": Deadline(2.0, 1.0)}
+    raced = rescue.raced([a, b, c], {"a/m": "b/m"}, cut)
+    assert raced[0].deadline == Deadline(2.0, 1.0, Hedge(None, None)) and raced[1:] == [b, c]
+    assert rescue.raced([a, c, b], {"a/m": "b/m"}, cut) == [a, c, b]  # not next: no race
+    assert rescue.raced([a, b], {}, cut) == [a, b]  # judged with no rescue
+    assert rescue.raced([a, b], {"a/m": "b/m"}, {}) == [a, b]  # no deadline: nothing to race
+    own = Ranked(a.target, "why", deadline=Deadline(1.5))  # an early cut keeps its moment
+    assert rescue.raced([own, b], {"a/m": "b/m"}, cut)[0].deadline == Deadline(
+        1.5, hedge=Hedge(None, None)
+    )
 
 
 def test_feasible_targets_are_ordered_by_expected_cost_with_their_rescues():

@@ -29,6 +29,7 @@ from core.config_routing import PriorityStrategy, SloStrategy
 from core.config_tenants import Price
 from policies.latency import LatencyStats
 from routers.strategies import build_strategy
+from routers.strategies.deadlines import Deadline, Hedge
 
 
 def managed(
@@ -291,3 +292,30 @@ def test_the_command_prints_every_policy(capsys: pytest.CaptureFixture[str]) -> 
     for policy in POLICIES:
         assert f"\n{policy.name} " in out
     assert "slo vs always-premium:" in out
+
+
+def test_a_hedged_first_target_races_the_next_from_the_hedge_moment() -> None:
+    """As ``routers.hedge.race``: the first to answer serves; without the hedge the first
+    target is cut at that moment; a backup in an outage is refused, so the cut stands."""
+    slow = managed("v/slow", 1.0)
+
+    def walk(backup_ttft: float, hedge: Hedge | None, outages: list[Outage] | None = None):
+        targets = [slow, managed("v/backup", backup_ttft)]
+        sim = Simulation(targets, build_strategy(PriorityStrategy()), outages or [], seed=1)
+        deadline = {"v/slow": Deadline(0.6, hedge=hedge)}
+        return sim._walk(req(0, 0.0), sim.targets, deadline)
+
+    race = Hedge(None, None)
+    kept = walk(0.5, race)  # slow answers at 1.0, the backup would at 1.1
+    assert (kept.served_by, kept.failed_attempts) == ("v/slow", ())
+    assert kept.ttft_s == pytest.approx(1.0)
+    rescued = walk(0.2, race)  # the backup answers at 0.8
+    assert (rescued.served_by, rescued.failed_attempts) == ("v/backup", ("v/slow",))
+    assert rescued.ttft_s == pytest.approx(0.8)
+    cut = walk(0.5, None)  # cut at 0.6: the late answer is lost
+    assert (cut.served_by, cut.failed_attempts) == ("v/backup", ("v/slow",))
+    assert cut.ttft_s == pytest.approx(1.1)
+    refused = walk(0.5, race, [Outage("v/backup", 0.0, 10.0, fail_after_s=0.1)])
+    assert (refused.served_by, refused.failed_attempts) == (None, ("v/slow", "v/backup"))
+    early = walk(0.5, Hedge(0.3, None))  # hedged at 0.3, before the cut: answers at 0.8
+    assert (early.served_by, early.ttft_s) == ("v/backup", pytest.approx(0.8))
