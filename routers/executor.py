@@ -312,6 +312,7 @@ class Executor:
             lambda: self._call_target(backup, run.commit, trace, hooks),
             hedge_after_s=deadline.hedge_window_s(elapsed_s) or 0.0,
             cut_after_s=deadline.window_s(elapsed_s),
+            keep_cut=len(run.plan) > 2,
             may_hedge=may_hedge,
             switch=switch,
             cut_error=lambda: cut_error(primary),

@@ -92,16 +92,21 @@ async def race(
     switch: CutSwitch,
     cut_error: Callable[[], BaseException],
     discard: Callable[[T], Awaitable[None]],
+    keep_cut: bool = False,
 ) -> RaceResult[T]:
     """Run ``primary``; if it has not finished ``hedge_after_s`` after its start and
     ``may_hedge()`` agrees, run ``backup`` alongside and keep the first that succeeds (the
     other is stopped, see the module docstring). Without a hedge the primary is cut at
-    ``cut_after_s`` (None: never), as an unhedged attempt would be. A primary error that
-    may not fall back ends the race at once. ``cut_error()`` stands for a primary stopped
-    outside its first-item wait (it was cancelled instead); ``discard(value)`` releases a
-    success that came too late (both answered at once). Cancelling the race cancels both
-    attempts and waits for them."""
+    ``cut_after_s`` (None: never), as an unhedged attempt would be; hedged, it keeps that
+    cut once the backup has failed when ``keep_cut`` (the plan has a target after the
+    backup: a race in place of a cut whose rescue failed then moves on as the cut would
+    have, not after the primary's own first-token timeout; with none, a late answer is
+    better than none). A primary error that may not fall back ends the race at once.
+    ``cut_error()`` stands for a primary stopped outside its first-item wait (it was
+    cancelled instead); ``discard(value)`` releases a success that came too late (both
+    answered at once). Cancelling the race cancels both attempts and waits for them."""
     result: RaceResult[T] = RaceResult()
+    started = asyncio.get_running_loop().time()
     first = asyncio.ensure_future(primary())
     second: asyncio.Future[T] | None = None
     try:
@@ -109,7 +114,8 @@ async def race(
         if not first.done() and await may_hedge() and not first.done():
             result.hedged = True
             second = asyncio.ensure_future(backup())
-            await _first_success((first, second), switch, result, cut_error, discard)
+            cut_at = None if cut_after_s is None or not keep_cut else started + cut_after_s
+            await _first_success((first, second), switch, result, cut_error, discard, cut_at)
             return result
         if not first.done():
             wait_s = None if cut_after_s is None else max(0.0, cut_after_s - hedge_after_s)
@@ -136,12 +142,22 @@ async def _first_success(
     result: RaceResult[T],
     cut_error: Callable[[], BaseException],
     discard: Callable[[T], Awaitable[None]],
+    cut_at: float | None,
 ) -> None:
-    """Wait until one attempt succeeds (stop the other) or both have failed."""
+    """Wait until one attempt succeeds (stop the other) or both have failed; once the
+    backup has failed, the primary is stopped at ``cut_at`` (loop time; None: never)."""
     first, second = tasks
     pending = {first, second}
+    loop = asyncio.get_running_loop()
     while pending and result.winner is None:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        timeout = None
+        if second.done() and cut_at is not None:
+            timeout = max(0.0, cut_at - loop.time())
+        done, pending = await asyncio.wait(
+            pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            break  # the primary reached its cut with the backup failed: stopped below
         for index, task in enumerate(tasks):  # the primary first when both ended together
             if task not in done:
                 continue

@@ -283,6 +283,48 @@ async def test_a_race_in_place_of_a_cut_starts_at_the_cut_and_needs_no_budget():
 
 
 @pytest.mark.anyio
+async def test_a_hedged_first_target_keeps_its_cut_once_the_backup_failed():
+    """A race in place of a cut whose rescue fails at once moves on at the cut, as the cut
+    would have, instead of waiting for the hanging target's first-token timeout (30 s);
+    with a hedge before the cut, the primary is still waited on until then, and with no
+    target after the backup, for its answer."""
+    config = RoutingConfig(max_attempts_per_target=1)
+    hangs, third = Upstream("hangs", None), Upstream("third", 0.0)
+    fails = Upstream("fails", error=UpstreamServerError("no", provider="fails"))
+    clock = asyncio.get_running_loop()
+    begun = clock.time()
+    first, rest, trace = await asyncio.wait_for(
+        open_hedged(
+            Executor(config), [hangs, fails, third], Deadline(0.1, hedge=Hedge(None, None))
+        ),
+        timeout=5.0,
+    )
+    assert first == "first from third" and trace.hedge is not None
+    assert [(a.label, a.error) for a in trace.attempts] == [
+        ("fails/m", "UpstreamServerError"),
+        ("hangs/m", "AttemptDeadlineError"),  # stopped at its cut, 0.1 s in
+        ("third/m", None),
+    ]
+    assert clock.time() - begun < 5.0
+    await settle()
+    assert hangs.closed == hangs.opened == 1
+    await rest.aclose()
+    late = Upstream("late", 0.3)  # hedged at 0.05, the backup fails, answers at 0.3 < cut
+    first, rest, trace = await open_hedged(
+        Executor(config), [late, fails, third], Deadline(1.0, hedge=Hedge(0.05, None))
+    )
+    assert first == "first from late" and third.opened == 1
+    await rest.aclose()
+    # With no target after the backup, a late answer is better than none: no cut.
+    late = Upstream("late", 0.3)
+    first, rest, trace = await open_hedged(
+        Executor(config), [late, fails], Deadline(0.1, hedge=Hedge(None, None))
+    )
+    assert first == "first from late" and trace.served_by.provider_name == "late"
+    await rest.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_race_in_place_of_a_cut_does_not_start_before_the_cut():
     quick, rescue = Upstream("quick", 0.05), Upstream("rescue", 0.0)
     first, rest, trace = await open_hedged(
