@@ -141,7 +141,7 @@ class Simulation:
             if window < MIN_ATTEMPT_WINDOW_S:
                 continue  # its deadline passed before its turn: skipped, as the executor does
             sent = self.board.started(label, at_s, req.prompt_tokens)
-            outage = next((o for o in self.outages if o.down(label, at_s)), None)
+            outage = self._outage(label, at_s)
             if outage is not None:
                 at_s += outage.fail_after_s
                 self.board.failed(label, sent, at_s)
@@ -181,8 +181,7 @@ class Simulation:
         deadline = deadlines.get(backup.label)
         elapsed = hedge_at - req.arrival_s
         window = math.inf if deadline is None else deadline.window_s(elapsed)
-        down = any(o.down(backup.label, hedge_at) for o in self.outages)
-        if window < MIN_ATTEMPT_WINDOW_S or down:
+        if window < MIN_ATTEMPT_WINDOW_S or self._outage(backup.label, hedge_at) is not None:
             return None
         other = self.board.started(backup.label, hedge_at, req.prompt_tokens)
         rival = self.models[backup.label].serve(hedge_at, req, noise)
@@ -196,6 +195,10 @@ class Simulation:
             return self._served(req, target, sent, service, ())
         self.board.cut(target.label, sent, rival_at - sent.start_s, req.prompt_tokens)
         return self._served(req, backup, other, rival, (target.label,))
+
+    def _outage(self, label: str, at_s: float) -> Outage | None:
+        """The outage ``label`` is in at ``at_s``, if any."""
+        return next((o for o in self.outages if o.down(label, at_s)), None)
 
     def _served(
         self, req: SimRequest, target: Target, sent: Sent, service: Service, failed: tuple[str, ...]

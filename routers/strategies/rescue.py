@@ -10,13 +10,14 @@ from collections.abc import Sequence
 import msgspec
 from msgspec import Struct
 
-from core.routing import RouteRequest, TargetHealth, ttft_exceeds_p
+from core.routing import HealthView, RouteRequest, TargetHealth, ttft_exceeds_p
 from routers.strategies.base import Ranked
 from routers.strategies.deadlines import (
     MIN_SHARE,
     SWITCH_S,
     Deadline,
     Hedge,
+    first_token_deadlines,
     hang_patience_s,
     patience_s,
 )
@@ -215,12 +216,13 @@ def rescues_next(
 
 
 def raced(
-    ranked: list[Ranked], rescue_of: dict[str, str], deadlines: dict[str, Deadline]
+    req: RouteRequest, ranked: list[Ranked], rescue_of: dict[str, str], health: HealthView
 ) -> list[Ranked]:
     """``ranked`` with its first target, when it was judged with the rescue right after
     it (``rescues_next``), raced against that rescue at its cut instead of cut there: an
-    uncapped hedge at the cut moment (its ``Ranked.deadline``, else its own in
-    ``deadlines``). Unchanged otherwise.
+    uncapped hedge at the cut moment (its ``Ranked.deadline``, else the one the planner
+    would give it: ``deadlines.first_token_deadlines``, which for the first target reads
+    only the first measured target after it, the rescue). Unchanged otherwise.
 
     Why: a cut throws away an answer that may be about to come, so a miss needed the
     target late past its *cut* and the rescue late; raced, it needs the target late past
@@ -232,8 +234,12 @@ def raced(
     whole answer at a dearer price. It holds the target's slot until the race ends."""
     if len(ranked) < 2 or rescue_of.get(ranked[0].target.label) != ranked[1].target.label:
         return ranked
-    first = ranked[0]
-    deadline = first.deadline or deadlines.get(first.target.label)
+    first, label = ranked[0], ranked[0].target.label
+    if first.deadline is None:
+        pair = [first.target, ranked[1].target]
+        deadline = first_token_deadlines(req, pair, health).get(label)
+    else:
+        deadline = first.deadline
     if deadline is None:
         return ranked
     race = msgspec.structs.replace(deadline, hedge=Hedge(None, None))

@@ -143,7 +143,7 @@ class Slo:
         rescue_of = {label: r.by for label, r in judged.items()}
         ranked = rescue.rescues_next(goal, ranked, rescue_of, healths)
         if goal is not req:
-            return rescue.raced(_with_deadlines(goal, ranked, health, z), rescue_of, {})
+            return rescue.raced(goal, _with_deadlines(goal, ranked, health, z), rescue_of, health)
         probe = explore.probe(
             self.config,
             self.z,
@@ -157,8 +157,7 @@ class Slo:
         rest = [r for r in ranked if probe is not None and r.target.label != probe.label]
         window = None if not rest else explore.window_s(req, healths[rest[0].target.label])
         if probe is None or window is None:
-            deadlines = first_token_deadlines(req, [r.target for r in ranked], health)
-            return self._with_hedge(req, rescue.raced(ranked, rescue_of, deadlines), health)
+            return self._with_hedge(req, rescue.raced(req, ranked, rescue_of, health), health)
         age = explore.evidence_age_s(req, healths[probe.label])
         known = "unmeasured" if probe is unknown else f"estimate {age:.0f}s old: "
         if probe is not unknown:

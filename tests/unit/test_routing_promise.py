@@ -816,14 +816,19 @@ def test_the_rescue_a_target_was_judged_with_comes_right_after_it():
 
 def test_only_a_first_target_followed_by_its_rescue_is_raced():
     a, b, c = (Ranked(tgt(name, 1.0), "why") for name in ("a", "b", "c"))
-    cut = {"a/m": Deadline(2.0, 1.0)}
-    raced = rescue.raced([a, b, c], {"a/m": "b/m"}, cut)
-    assert raced[0].deadline == Deadline(2.0, 1.0, Hedge(None, None)) and raced[1:] == [b, c]
-    assert rescue.raced([a, c, b], {"a/m": "b/m"}, cut) == [a, c, b]  # not next: no race
-    assert rescue.raced([a, b], {}, cut) == [a, b]  # judged with no rescue
-    assert rescue.raced([a, b], {"a/m": "b/m"}, {}) == [a, b]  # no deadline: nothing to race
+    req = RouteRequest(model="alias", prompt_tokens=100, slo_ttft_ms=3000)
+    measured = TargetHealth(ttft_s=0.4, ttft_spread=0.3, ttft_age_s=0.0)
+    health = Health(a=measured, b=measured, c=measured)
+    cut = first_token_deadlines(req, [a.target, b.target], health)["a/m"]  # the planner's
+    raced = rescue.raced(req, [a, b, c], {"a/m": "b/m"}, health)
+    assert raced[0].deadline == msgspec.structs.replace(cut, hedge=Hedge(None, None))
+    assert raced[1:] == [b, c]
+    assert rescue.raced(req, [a, c, b], {"a/m": "b/m"}, health) == [a, c, b]  # not next
+    assert rescue.raced(req, [a, b], {}, health) == [a, b]  # judged with no rescue
+    loose = RouteRequest(model="alias", prompt_tokens=100)  # no objective: no deadline
+    assert rescue.raced(loose, [a, b], {"a/m": "b/m"}, health) == [a, b]
     own = Ranked(a.target, "why", deadline=Deadline(1.5))  # an early cut keeps its moment
-    assert rescue.raced([own, b], {"a/m": "b/m"}, cut)[0].deadline == Deadline(
+    assert rescue.raced(req, [own, b], {"a/m": "b/m"}, health)[0].deadline == Deadline(
         1.5, hedge=Hedge(None, None)
     )
 
