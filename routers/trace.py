@@ -61,14 +61,23 @@ class Trace:
 
     def route_reason(self) -> str:
         """A short human reason, sent as ``x-switchyard-route-reason``: the strategy's reason
-        for the target that served, the targets that failed before it, the skipped ones."""
+        for the target that served, the targets that failed before it (and, in the order
+        they were tried, the strategy's reason for each), the skipped ones."""
         if self.served_by is None:
             return "no target succeeded"
         served = self.served_by.label
-        failed = sorted({a.label for a in self.attempts if a.error and a.label != served})
+        failed = list(
+            dict.fromkeys(a.label for a in self.attempts if a.error and a.label != served)
+        )
         parts = [self.reasons[served]] if served in self.reasons else []
         if failed:
-            parts.append(f"fallback after {', '.join(failed)} failed")
+            parts.append(f"fallback after {', '.join(sorted(failed))} failed")
+            # why each was tried: the first question about a fallback
+            parts.extend(
+                f"tried {label} ({self.reasons[label]})"
+                for label in failed
+                if label in self.reasons
+            )
         if not parts:
             parts.append("priority: first available target")
         if (loser := self.hedge_loser) is not None:

@@ -21,15 +21,28 @@ def objective_text(req: RouteRequest, *, defaulted: bool = False) -> str | None:
 
 
 def predicted_text(req: RouteRequest, health: TargetHealth, z: float) -> str:
-    """``predicted 420ms``; with a measured spread ``predicted 420ms (tail 610ms)``."""
+    """``predicted 420ms``; with a measured spread ``predicted 420ms (tail 610ms)``; on a
+    target holding requests, what they add: ``predicted 1.2s x1.8 at 5 in flight``. A
+    route reason is how an operator (and the routing benchmark) sees the load a decision
+    was made on: a health sample a second later may be another load altogether."""
     first, tail = ttft_s(req, health), ttft_tail_s(req, health, z)
     if first is None or tail is None:
-        return "unmeasured"
+        return "unmeasured" + _load_text(health)
     shown = fmt_s(first) if health.ttft_spread is None else f"{fmt_s(first)} (tail {fmt_s(tail)})"
     if req.slo_total_ms is None:
-        return f"predicted {shown}"
+        return f"predicted {shown}{_load_text(health)}"
     whole = total_s(req, health, z) or tail
-    return f"predicted ttft {shown}, total {fmt_s(whole)}"
+    return f"predicted ttft {shown}, total {fmt_s(whole)}{_load_text(health)}"
+
+
+def _load_text(health: TargetHealth) -> str:
+    """`` x1.8 at 5 in flight`` (the load factor only when it is not 1), or nothing when
+    the target holds no request."""
+    if health.in_flight <= 0:
+        return ""
+    factor = health.ttft_load_factor
+    scaled = "" if factor == 1.0 else f" x{factor:.2f}"
+    return f"{scaled} at {health.in_flight} in flight"
 
 
 def feasible_reason(

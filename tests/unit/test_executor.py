@@ -427,8 +427,30 @@ async def test_route_reason_shows_the_strategy_reason_fallbacks_and_skips():
     assert result == "b:ok"
     assert trace.route_reason() == (
         "lowest_cost: $0.0002 est.; fallback after a/m failed; "
+        "tried a/m (lowest_cost: cheapest ($0.0001 est.)); "
         "skipped x/y (environment variable K is not set), local/smollm2 (saturated)"
     )
+
+
+async def test_route_reason_says_why_each_failed_target_was_tried_in_order():
+    c, a, b = (
+        Scripted("c", [UpstreamServerError("x")]),
+        Scripted("a", [UpstreamServerError("y")]),
+        Scripted("b", ["ok"]),
+    )
+    plan = Plan(
+        ordered=[target(c), target(a), target(b)],
+        reasons={"c/m": "slo: cheapest (predicted 300ms x1.50 at 3 in flight)", "b/m": "slo: next"},
+    )
+    trace = Trace.from_plan(plan)
+    result = await wired(attempts=1).call(
+        "alias", plan.ordered, lambda t: t.provider.chat(None, None), trace
+    )
+    assert result == "b:ok"
+    assert trace.route_reason() == (
+        "slo: next; fallback after a/m, c/m failed; "
+        "tried c/m (slo: cheapest (predicted 300ms x1.50 at 3 in flight))"
+    )  # a/m has no reason of its own: only its failure is told
 
 
 async def test_per_call_observer_and_gate_replace_the_executors_own():

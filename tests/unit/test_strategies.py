@@ -283,6 +283,27 @@ def test_slo_cheapest_feasible_then_closest_infeasible():
     assert ranked[2].reason == "slo: misses ttft<=800ms; closest left (predicted 1.5s)"
 
 
+def test_slo_reasons_show_the_load_the_decision_was_made_on():
+    req = RouteRequest(model="a", prompt_tokens=1000, max_tokens=100, slo_ttft_ms=800)
+    health = Health(
+        box=TargetHealth(ttft_s=0.2, in_flight=3, ttft_load_factor=1.5),
+        idle=TargetHealth(ttft_s=0.3),
+        busy_flat=TargetHealth(ttft_s=0.4, in_flight=2),
+    )
+    candidates = [
+        target("box", price=per_mtok(0.05, 0.1)),
+        target("idle", price=per_mtok(1, 2)),
+        target("busy_flat", price=per_mtok(5, 15)),
+    ]
+    ranked = Slo().plan(req, candidates, health, random.Random(0))
+    assert names(ranked) == ["box", "idle", "busy_flat"]
+    assert ranked[0].reason.startswith(
+        "slo: cheapest meeting ttft<=800ms (predicted 300ms x1.50 at 3 in flight,"
+    )
+    assert "(predicted 300ms)" in ranked[1].reason  # idle: no load shown
+    assert "(predicted 400ms at 2 in flight)" in ranked[2].reason  # a factor of 1 is not shown
+
+
 def test_slo_ranks_targets_that_miss_by_their_chance_of_being_late():
     """At start-up: premium's mean meets 800 ms but its spread is wide; the local box's
     mean misses it with a narrow spread, so its p90 is the shorter. By the chance of
