@@ -342,10 +342,7 @@ def _by_late_chance(
     end, at start-up, an 800 ms request went to the local box (mean 820 ms, tail 1.5 s:
     late ~42% of the time) over premium (mean 540 ms, tail 1.6 s: ~19%) and missed.
     Requests with an objective on the whole answer keep the ratio (its spread is not
-    modelled). A target holding more requests than any of its samples saw
-    (``rescue.load_unproven``) ranks after those that do not: its chance is an
-    extrapolation (end to end, 800 ms requests went to the 4-slot box at 8-12 in flight,
-    read x1.1-2.0 there, before premium: 4 of 15 misses, decision 0010, session 24)."""
+    modelled)."""
     if req.slo_ttft_ms is None or req.slo_total_ms is not None:
         return
     for t in missing:
@@ -356,9 +353,8 @@ def _by_late_chance(
         late = ttft_exceeds_p(
             mean, health.spread_for(req.prompt_tokens) or 0.0, req.slo_ttft_ms / 1000.0
         )
-        unproven = 2.0 if rescue.load_unproven(health) else 0.0
         # ties (no spread measured: late or not for sure) by the old ratio, at most 1e-6
-        over[t.label] = 1.0 + 1e-8 + unproven + late + 1e-9 * min(over[t.label], 1e3)
+        over[t.label] = 1.0 + 1e-8 + late + 1e-9 * min(over[t.label], 1e3)
 
 
 def _with_deadlines(
