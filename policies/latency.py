@@ -65,10 +65,8 @@ at a band of in-flight counts the curve has no sample of, above its least-loaded
 (``LoadCurve.unmapped``: the multiplier there is a guess), teaches the curve only: end to
 end, the local box's first samples came with a start-up burst of up to 13 in flight, each
 at a new band, and went into its no-load fit as they were (base 0.25 -> 4.9 s in 15 s;
-the box then went unused for the rest of the run). And a cut sent above the curve's
-least-loaded band is a censored sample of the curve too, and not of the fits where the
-curve reads the target slowed: its wait is then the queue's (``LatencyStats.
-_learn_censored``). A prompt longer than
+the box then went unused for the rest of the run). And a cut sent where the curve reads
+the target slowed is no censored sample: its wait is the queue's. A prompt longer than
 the slow fit has seen (``ttft_fit.beyond_reach``) teaches the fits only and is not
 watched for being overdue: its error is the unlearnt slope's, not load.
 
@@ -197,6 +195,11 @@ class LatencyStats:
         if prompt_tokens is not None and prompt_tokens >= 0:
             self.fits.learn(label, float(prompt_tokens), no_load)
 
+    def _slowed(self, label: str, in_flight: int) -> bool:
+        """Whether the load curve reads ``label`` slowed at ``in_flight`` (or does not know
+        that band): a sample sent there is evidence of load, not of the no-load TTFT."""
+        return self.load.factor(label, in_flight) > 1.0 or self.load.unmapped(label, in_flight)
+
     def _extrapolated(self, label: str, prompt_tokens: int) -> bool:
         """Whether ``label``'s prediction for ``prompt_tokens`` extrapolates its slope
         (``TwoSpeedFits.extrapolated``): its error is then no evidence of load (see the
@@ -297,8 +300,7 @@ class LatencyStats:
         cuts``: more than the wait, by how much nobody knows) and, when not evidence
         enough on their own (surprise below ``EVIDENCE``: ahead of the target's p99) and
         no penalty runs, are censored samples of its TTFT model (``policies.ttft_fit.
-        censored``; of the load curve too when sent above its least-loaded band);
-        failures are not latency."""
+        censored``); failures are not latency."""
         self.overdue.finish(ticket)
         if ttft_s is None:
             return
@@ -317,38 +319,19 @@ class LatencyStats:
     def _learn_censored(
         self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int
     ) -> None:
-        """Fold a TTFT known to exceed ``waited_s``, at what the prediction expects of it,
-        into the load curve when it was sent above the curve's least-loaded band
-        (``LoadCurve.above_reference``), and into the fits unless the curve reads the
-        target slowed there (or does not know the band: the wait is then the queue's);
-        the penalty is untouched.
-
-        Why the curve: only the attempts that got a slot in time answered, so a band
-        taught by answers alone read a full box as idle. End to end the 4-slot box read
-        x1.0 at 4 in flight (its next request queues behind 4 decoding answers) while 800
-        ms requests sent there were cut. Why still the fits where the curve reads no
-        slow-down: a cut there may as well be the target's own spread, and filed with the
-        curve alone it left the fits of `budget` on its quick answers, and 3 s RAG
-        requests sent to it missed (decision 0010, session 24)."""
+        """Fold a TTFT known to exceed ``waited_s`` into the fits, at what the model expects
+        of it, unless it was sent where the curve reads the target slowed (or does not
+        know the band: the wait is then the queue's); the load curve and penalty are
+        untouched."""
         predicted = self._predicted(label, prompt_tokens, in_flight)
-        if predicted is None or prompt_tokens is None:
+        if predicted is None or prompt_tokens is None or self._slowed(label, in_flight):
             return
-        expected, spread, factor = predicted
+        expected, spread, _ = predicted
         moments = censored(expected, waited_s, spread)
         if moments is None:
             return
         seconds, err2 = moments
-        if self.load.above_reference(label, in_flight) and not self._extrapolated(
-            label, prompt_tokens
-        ):
-            self.load.observe(label, in_flight, seconds, expected / factor)
-        if not self._slowed(label, in_flight):
-            self.fits.learn(label, float(prompt_tokens), seconds, err2)
-
-    def _slowed(self, label: str, in_flight: int) -> bool:
-        """Whether the load curve reads ``label`` slowed at ``in_flight`` (or does not know
-        that band): a wait there is evidence of load, not of the no-load TTFT."""
-        return self.load.factor(label, in_flight) > 1.0 or self.load.unmapped(label, in_flight)
+        self.fits.learn(label, float(prompt_tokens), seconds, err2)
 
     def cut_surprise(
         self, label: str, waited_s: float, prompt_tokens: int | None, in_flight: int | None

@@ -184,13 +184,6 @@ class LoadCurve:
         index = band_of(in_flight)
         return bool(fresh) and index > min(fresh) and index not in fresh
 
-    def above_reference(self, label: str, in_flight: int) -> bool:
-        """Whether ``in_flight`` falls in a band above the least-loaded one with a fresh
-        sample: a wait there may be the queue's, which the curve measures against that
-        band (``policies.latency`` files a cut attempt sent there with the curve)."""
-        fresh = self._fresh(label)
-        return bool(fresh) and band_of(in_flight) > min(fresh)
-
     def most_seen(self, label: str) -> int | None:
         """The most requests in flight any fresh sample of ``label`` was dispatched with
         (None: no fresh sample): beyond it the factor is an extrapolation."""

@@ -342,10 +342,7 @@ def _by_late_chance(
     end, at start-up, an 800 ms request went to the local box (mean 820 ms, tail 1.5 s:
     late ~42% of the time) over premium (mean 540 ms, tail 1.6 s: ~19%) and missed.
     Requests with an objective on the whole answer keep the ratio (its spread is not
-    modelled). A target read slowed and holding more than its samples saw (a queue
-    extrapolated: ``rescue.load_unproven``) ranks after the others: 800 ms requests went
-    to the 4-slot box at 8-12 in flight (x1.1-2.0) before premium. Not any target past
-    its samples: premium often is (decision 0010, session 24)."""
+    modelled)."""
     if req.slo_ttft_ms is None or req.slo_total_ms is not None:
         return
     for t in missing:
@@ -356,10 +353,8 @@ def _by_late_chance(
         late = ttft_exceeds_p(
             mean, health.spread_for(req.prompt_tokens) or 0.0, req.slo_ttft_ms / 1000.0
         )
-        queued = health.ttft_load_factor > 1.0 and rescue.load_unproven(health)
-        unproven = 2.0 if queued else 0.0
         # ties (no spread measured: late or not for sure) by the old ratio, at most 1e-6
-        over[t.label] = 1.0 + 1e-8 + unproven + late + 1e-9 * min(over[t.label], 1e3)
+        over[t.label] = 1.0 + 1e-8 + late + 1e-9 * min(over[t.label], 1e3)
 
 
 def _with_deadlines(
