@@ -22,7 +22,7 @@ def objective_text(req: RouteRequest, *, defaulted: bool = False) -> str | None:
 
 def predicted_text(req: RouteRequest, health: TargetHealth, z: float) -> str:
     """``predicted 420ms``; with a measured spread ``predicted 420ms (tail 610ms)``; on a
-    target holding requests, what they add: ``predicted 1.2s x1.8 at 5 in flight``. A
+    target holding requests, what they add: ``predicted 1.2s x1.80 at 5 in flight``. A
     route reason is how an operator (and the routing benchmark) sees the load a decision
     was made on: a health sample a second later may be another load altogether."""
     first, tail = ttft_s(req, health), ttft_tail_s(req, health, z)
@@ -36,7 +36,7 @@ def predicted_text(req: RouteRequest, health: TargetHealth, z: float) -> str:
 
 
 def _load_text(health: TargetHealth) -> str:
-    """`` x1.8 at 5 in flight`` (the load factor only when it is not 1), or nothing when
+    """`` x1.80 at 5 in flight`` (the load factor only when it is not 1), or nothing when
     the target holds no request."""
     if health.in_flight <= 0:
         return ""
@@ -57,8 +57,8 @@ def feasible_reason(
     """The reason of a feasible target; ``costs``: (list, expected) (``_expected_cost``),
     the expected one shown when a rescue adds to it."""
     shown = predicted_text(req, health, z)
-    if shown == "unmeasured":
-        shown = "unmeasured, explored"
+    if ttft_tail_s(req, health, z) is None:
+        shown = "unmeasured, explored" + _load_text(health)
     if early_cut_s is not None:
         shown += f", cut at {fmt_s(early_cut_s)} for a rescue"
     cost, expected = costs
