@@ -93,14 +93,25 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     ttft_steady_band_spreads: tuple[float, ...] = ()
     # From attempts cut at their first-token deadline (``policies.cuts``): a multiplier on
     # the predicted TTFT (1.0: none lately) for prompts of at least
-    # ``ttft_penalty_from_tokens``, and the longest wait cut, what an otherwise unmeasured
+    # ``ttft_penalty_from_tokens`` sent with at least ``ttft_penalty_from_in_flight`` in
+    # flight (``penalty_covers``), and the longest wait cut, what an otherwise unmeasured
     # target is predicted at.
     ttft_penalty: float = 1.0
     ttft_floor_s: float | None = None
     ttft_penalty_from_tokens: int = 0
+    ttft_penalty_from_in_flight: int = 0
     # Seconds since that penalty was last raised (None: no penalty): how stale the
     # evidence is for prompts it covers, which short-prompt samples say nothing about.
     ttft_penalty_age_s: float | None = None
+
+    def penalty_covers(self, prompt_tokens: int) -> bool:
+        """Whether the cut penalty applies to a prompt of ``prompt_tokens`` sent now: as
+        long as the cut ones (``ttft_penalty_from_tokens``), at a load as high
+        (``ttft_penalty_from_in_flight``)."""
+        return (
+            prompt_tokens >= self.ttft_penalty_from_tokens
+            and self.in_flight >= self.ttft_penalty_from_in_flight
+        )
 
     def age_for(self, prompt_tokens: int) -> float | None:
         """Seconds since the last TTFT sample of a prompt in ``prompt_tokens``'s band,

@@ -33,7 +33,14 @@ target has:
 - the *prompt size* it concerns: the smallest prompt (in tokens) among the cut attempts.
   The penalty applies to requests with at least ``PROMPT_SHARE`` of that prompt, and only
   a real sample for such a prompt clears it: a target that starts short prompts in time
-  but not long ones keeps its penalty for long ones while it keeps serving short ones.
+  but not long ones keeps its penalty for long ones while it keeps serving short ones;
+- the *load* it concerns: the fewest requests in flight any cut attempt was sent with.
+  The penalty applies while the target holds at least as many, and only a real sample
+  sent at such a load clears it: a 4-slot box whose requests sent at 4 in flight queue
+  and are cut keeps the penalty there while it answers quickly at 1-3 (end to end those
+  answers dropped it within 2-3 s, and 800 ms requests kept going to the box at 4 in
+  flight; decision 0010, session 24). A hang's cuts come at every load, the least
+  included, so they cover every load.
 
 Pure: time from the injected clock.
 """
@@ -59,6 +66,7 @@ class _Cuts(Struct):
     at: float
     prompt_tokens: int
     evidence: float = 0.0
+    in_flight: int = 0  # the fewest requests in flight any of the cuts was sent with
 
 
 class CutPenalties:
@@ -72,7 +80,12 @@ class CutPenalties:
         self._cuts: dict[str, _Cuts] = {}
 
     def cut(
-        self, label: str, waited_s: float, prompt_tokens: int = 0, surprise: float = math.inf
+        self,
+        label: str,
+        waited_s: float,
+        prompt_tokens: int = 0,
+        surprise: float = math.inf,
+        in_flight: int = 0,
     ) -> None:
         """One attempt at ``label`` for a ``prompt_tokens`` prompt given up after
         ``waited_s`` (negative: ignored), as surprising as ``surprise`` (see the module
@@ -82,7 +95,9 @@ class CutPenalties:
         known = self._live(label)
         now = self._clock.now()
         if known is None:
-            known = self._cuts[label] = _Cuts(1.0, waited_s, now, max(0, prompt_tokens))
+            known = self._cuts[label] = _Cuts(
+                1.0, waited_s, now, max(0, prompt_tokens), in_flight=max(0, in_flight)
+            )
             self._add_evidence(known, surprise)
             return
         if now - waited_s >= known.at:  # sent after the last cut: new evidence
@@ -93,20 +108,24 @@ class CutPenalties:
             self._add_evidence(known, surprise)
         known.floor_s = max(known.floor_s, waited_s)
         known.prompt_tokens = min(known.prompt_tokens, max(0, prompt_tokens))
+        known.in_flight = min(known.in_flight, max(0, in_flight))
 
     def _add_evidence(self, known: _Cuts, surprise: float) -> None:
         known.evidence += max(0.0, surprise)
         if known.evidence >= EVIDENCE:
             known.penalty = min(known.penalty * CUT_FACTOR, MAX_PENALTY)
 
-    def sampled(self, label: str, prompt_tokens: int | None) -> None:
+    def sampled(self, label: str, prompt_tokens: int | None, in_flight: int | None = None) -> None:
         """A real sample came in: it clears the penalty when its prompt is one the penalty
         applies to, at least ``PROMPT_SHARE`` of the smallest cut one (None: size unknown,
-        it clears it)."""
+        it clears it), sent with at least as many in flight as the fewest any cut was
+        (None: unknown, it clears it)."""
         known = self._cuts.get(label)
-        if known is not None and (
-            prompt_tokens is None or prompt_tokens >= known.prompt_tokens * PROMPT_SHARE
-        ):
+        if known is None:
+            return
+        long_enough = prompt_tokens is None or prompt_tokens >= known.prompt_tokens * PROMPT_SHARE
+        loaded_enough = in_flight is None or in_flight >= known.in_flight
+        if long_enough and loaded_enough:
             del self._cuts[label]
 
     def age_s(self, label: str) -> float | None:
@@ -116,13 +135,14 @@ class CutPenalties:
             return None
         return self._clock.now() - known.at
 
-    def read(self, label: str) -> tuple[float, float | None, int]:
-        """(penalty, floor seconds, the prompt size it applies from) now: (1.0, None, 0)
-        when nothing was cut lately."""
+    def read(self, label: str) -> tuple[float, float | None, int, int]:
+        """(penalty, floor seconds, the prompt size and the in-flight count it applies
+        from) now: (1.0, None, 0, 0) when nothing was cut lately."""
         known = self._live(label)
         if known is None:
-            return 1.0, None, 0
-        return self._penalty(known), known.floor_s, int(known.prompt_tokens * PROMPT_SHARE)
+            return 1.0, None, 0, 0
+        share = int(known.prompt_tokens * PROMPT_SHARE)
+        return self._penalty(known), known.floor_s, share, known.in_flight
 
     def _decay(self, cuts: _Cuts) -> float:
         return float(0.5 ** ((self._clock.now() - cuts.at) / self.half_life_s))

@@ -176,7 +176,7 @@ class LatencyStats:
         clears the target's cut penalty (``policies.cuts``)."""
         if seconds < 0:
             return
-        self.cuts.sampled(label, prompt_tokens)
+        self.cuts.sampled(label, prompt_tokens, in_flight)
         factor = 1.0
         if in_flight is not None:
             factor = self.load.factor(label, in_flight)
@@ -236,7 +236,7 @@ class LatencyStats:
         model = self.ttft_model(label)
         load, knee = self.load.read(label, in_flight)
         factor = max(load, self.overdue.factor(label))
-        penalty, floor, from_tokens = self.cuts.read(label)
+        penalty, floor, from_tokens, from_in_flight = self.cuts.read(label)
         if model is None:
             return TargetHealth(
                 ttft_s=ttft,
@@ -247,6 +247,7 @@ class LatencyStats:
                 ttft_penalty=penalty,
                 ttft_floor_s=floor,
                 ttft_penalty_from_tokens=from_tokens,
+                ttft_penalty_from_in_flight=from_in_flight,
                 ttft_penalty_age_s=self.cuts.age_s(label),
             )
         spread = self._routing_spread(label, model)
@@ -267,6 +268,7 @@ class LatencyStats:
             ttft_penalty=penalty,
             ttft_floor_s=floor,
             ttft_penalty_from_tokens=from_tokens,
+            ttft_penalty_from_in_flight=from_in_flight,
             ttft_penalty_age_s=self.cuts.age_s(label),
         )
 
@@ -312,7 +314,7 @@ class LatencyStats:
             # is cut again and again; learnt as samples, its cuts made `mid`'s no-load
             # TTFT read 2.0 s, its true 1.2 s, for minutes after a 20 s hang).
             ordinary = surprise < EVIDENCE and self.cuts.read(label)[0] <= 1.0
-            self.cuts.cut(label, ttft_s, prompt_tokens or 0, surprise)
+            self.cuts.cut(label, ttft_s, prompt_tokens or 0, surprise, in_flight or 0)
             if ordinary:
                 self._learn_censored(label, ttft_s, prompt_tokens, in_flight or 0)
 

@@ -29,6 +29,7 @@ FIELDS = (
     "ttft_load_knee",
     "ttft_penalty",
     "ttft_penalty_from_tokens",
+    "ttft_penalty_from_in_flight",
     "ttft_age_s",
     "ttft_band_ages_s",
     "ttft_steady_base_s",

@@ -96,8 +96,8 @@ def evidence_age_s(req: RouteRequest, health: TargetHealth) -> float:
 
 
 def _penalized(req: RouteRequest, health: TargetHealth) -> bool:
-    """Whether ``health``'s cut penalty covers ``req``'s prompt."""
-    return health.ttft_penalty > 1.0 and req.prompt_tokens >= health.ttft_penalty_from_tokens
+    """Whether ``health``'s cut penalty covers ``req``'s prompt at the load now."""
+    return health.ttft_penalty > 1.0 and health.penalty_covers(req.prompt_tokens)
 
 
 def _recovering(req: RouteRequest, health: TargetHealth) -> bool:

@@ -42,7 +42,7 @@ RESERVE_Z = 2.3263  # what a rescue is reserved: its p99 TTFT (``deadlines``)
 
 def ttft_s(req: RouteRequest, health: TargetHealth) -> float | None:
     """Predicted seconds to the first token of ``req``, or None when unmeasured."""
-    penalty = health.ttft_penalty if req.prompt_tokens >= health.ttft_penalty_from_tokens else 1.0
+    penalty = health.ttft_penalty if health.penalty_covers(req.prompt_tokens) else 1.0
     if health.ttft_base_s is not None and health.ttft_per_token_s is not None:
         no_load = health.ttft_base_s + health.ttft_per_token_s * req.prompt_tokens
         return no_load * health.ttft_load_factor * penalty

@@ -350,11 +350,49 @@ def test_a_sample_clears_the_penalty_for_the_prompts_it_applies_to():
     clock = FakeClock()
     cuts = CutPenalties(clock)
     cuts.cut("a", 3.0, prompt_tokens=5000)
-    assert cuts.read("a") == (CUT_FACTOR, 3.0, 2500)
+    assert cuts.read("a") == (CUT_FACTOR, 3.0, 2500, 0)
     cuts.sampled("a", 2499)
     assert cuts.read("a")[0] == CUT_FACTOR
     cuts.sampled("a", 2500)
-    assert cuts.read("a") == (1.0, None, 0)
+    assert cuts.read("a") == (1.0, None, 0, 0)
+
+
+def test_a_penalty_covers_the_load_its_cuts_were_sent_at_and_only_a_sample_there_clears_it():
+    """A 4-slot box: requests sent at 4 in flight queue behind 4 answers and are cut; its
+    answers at 1-3 in flight say nothing about that queue. The penalty applies from the
+    fewest in flight any cut was sent with, and only a sample sent at that load or more
+    clears it (end to end the answers at 1-3 dropped it within 2-3 s, and 800 ms
+    requests kept going to the box at 4 in flight)."""
+    clock = FakeClock()
+    cuts = CutPenalties(clock)
+    cuts.cut("box", 0.8, prompt_tokens=300, in_flight=5)
+    cuts.cut("box", 0.8, prompt_tokens=300, in_flight=4)  # sent with the first: one penalty
+    assert cuts.read("box") == (CUT_FACTOR, 0.8, 150, 4)
+    cuts.sampled("box", 300, in_flight=3)
+    assert cuts.read("box")[0] == CUT_FACTOR
+    cuts.sampled("box", 300, in_flight=None)  # load unknown: it clears, as before
+    assert cuts.read("box") == (1.0, None, 0, 0)
+    cuts.cut("box", 0.8, prompt_tokens=300, in_flight=4)
+    cuts.sampled("box", 300, in_flight=4)
+    assert cuts.read("box")[0] == 1.0
+
+    stats = LatencyStats(clock, prior_tokens=0)
+    stats.observe_ttft("box", 0.25, prompt_tokens=300, in_flight=0)
+    clock.advance(1.0)
+    stats.attempt_finished(  # past its p99 at once: evidence enough for a penalty
+        "box",
+        error="AttemptDeadlineError",
+        ttft_s=0.8,
+        retryable=False,
+        prompt_tokens=300,
+        in_flight=4,
+    )
+    req = RouteRequest(model="alias", prompt_tokens=300, slo_ttft_ms=800)
+    busy, idle = stats.health("box", in_flight=4), stats.health("box", in_flight=3)
+    assert busy.ttft_penalty == CUT_FACTOR and busy.ttft_penalty_from_in_flight == 4
+    assert ttft_s(req, busy) == pytest.approx(2 * (ttft_s(req, idle) or 0.0))
+    stats.observe_ttft("box", 0.25, prompt_tokens=300, in_flight=2)  # an answer at 2
+    assert stats.health("box", in_flight=4).ttft_penalty == CUT_FACTOR
 
 
 def test_cuts_together_start_one_penalty():
@@ -380,7 +418,7 @@ def test_penalties_stay_between_one_and_the_cap(waits, later):
     for wait in waits:
         cuts.cut("a", wait)
     clock.advance(later)
-    penalty, floor, _ = cuts.read("a")
+    penalty, floor, _, _ = cuts.read("a")
     assert 1.0 <= penalty <= MAX_PENALTY
     assert floor is None or floor == max(waits)
 
