@@ -237,14 +237,12 @@ class SqliteLedger:
         self, *, tenant: str | None = None, start: float | None = None, end: float | None = None
     ) -> AsyncIterator[UsageRow]:
         """Matching rows ordered by (ts, request_id), ``page_rows`` per query."""
-        conn = await asyncio.to_thread(connect, self.path, reader=True)
-        fetch: asyncio.Future[list[tuple[Any, ...]]] | None = None
+        reader = Reader(await asyncio.to_thread(connect, self.path, reader=True))
         try:
             after: tuple[float, str] | None = None
             while True:
                 query, args = page_query(tenant, start, end, after, self.page_rows)
-                fetch = asyncio.ensure_future(asyncio.to_thread(_fetch, conn, query, args))
-                page = await asyncio.shield(fetch)  # done only when the thread is
+                page = await reader.fetch(query, args)
                 for values in page:
                     yield _decode(values)
                 if len(page) < self.page_rows:
@@ -252,17 +250,15 @@ class SqliteLedger:
                 last = page[-1]
                 after = (last[_TS], last[_ID])
         finally:
-            _close_when_idle(conn, fetch)
+            reader.close()
 
     async def oldest(self, limit: int) -> list[UsageRow]:
         """The ``limit`` oldest rows, ordered by (ts, request_id), read in one query."""
-        conn = await asyncio.to_thread(connect, self.path, reader=True)
-        query, args = page_query(None, None, None, None, limit)
-        fetch = asyncio.ensure_future(asyncio.to_thread(_fetch, conn, query, args))
+        reader = Reader(await asyncio.to_thread(connect, self.path, reader=True))
         try:
-            page = await asyncio.shield(fetch)  # done only when the thread is
+            page = await reader.fetch(*page_query(None, None, None, None, limit))
         finally:
-            _close_when_idle(conn, fetch)
+            reader.close()
         return [_decode(values) for values in page]
 
     async def delete(self, request_ids: Sequence[str]) -> int:
@@ -308,24 +304,55 @@ def page_query(
     return keyset_page_query("usage", "?", tenant, start, end, after, limit)
 
 
-def _close_when_idle(conn: sqlite3.Connection, fetch: asyncio.Future[Any] | None) -> None:
-    """Close a reader connection, but only once no query runs on it: a reader cancelled
-    mid-query (a client that left an export) leaves its query running in a worker thread,
-    and closing the connection under it crashes the process (a use-after-free in SQLite)."""
-    if fetch is None or fetch.done():
-        conn.close()
-        return
+class Reader:
+    """A read connection whose queries run in worker threads, closed only when no query
+    runs on it. A reader cancelled mid-query (a client that left an export, a replay task
+    cancelled as its event loop closes) leaves its query running in a worker thread, and
+    closing the connection under it crashes the process (a use-after-free in SQLite): so
+    ``close`` while a query runs only asks, and the query's thread closes it when done.
 
-    def close(done: asyncio.Future[Any]) -> None:
-        if not done.cancelled():
-            done.exception()  # nobody awaits it any more: retrieved here, not logged
-        conn.close()
+    Waiting for the query's future instead is not enough: cancelling the task that wraps
+    ``asyncio.to_thread`` (which the loop's shutdown does to every task) marks it done
+    while its thread still runs."""
 
-    fetch.add_done_callback(close)
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+        self._running = False
+        self._closing = False
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` was called and no query runs (the connection is closed)."""
+        with self._lock:
+            return self._closing and not self._running
 
-def _fetch(conn: sqlite3.Connection, query: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-    return conn.execute(query, args).fetchall()
+    async def fetch(self, query: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """All rows of ``query``, read in a worker thread. Raises ``sqlite3.ProgrammingError``
+        after ``close``."""
+        return await asyncio.to_thread(self._fetch, query, args)
+
+    def close(self) -> None:
+        """Close the connection now, or, while a query runs, as soon as it ends."""
+        with self._lock:
+            self._closing = True
+            if self._running:
+                return
+        self.conn.close()
+
+    def _fetch(self, query: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            if self._closing:  # queued before the close, started after it
+                raise sqlite3.ProgrammingError("the reader is closed")
+            self._running = True
+        try:
+            return self.conn.execute(query, args).fetchall()
+        finally:
+            with self._lock:
+                self._running = False
+                close = self._closing
+            if close:
+                self.conn.close()
 
 
 _DELETE_CHUNK = 500  # ids per statement, under SQLite's limit on bound parameters

@@ -54,9 +54,14 @@ async def stored(dsn: str) -> list[str]:
     return [r[0] for r in await query(dsn, f"SELECT request_id FROM {TABLE} ORDER BY ts")]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool]], clock: FakeClock, timeout_s: float = 20.0
+) -> None:
+    """Wait for the background replay, letting fake time pass as real time does: a replay
+    attempt that failed just before the test brought Postgres back must come due again."""
     async with asyncio.timeout(timeout_s):
         while not await check():
+            clock.advance(TICK)
             await asyncio.sleep(TICK)
 
 
@@ -225,7 +230,7 @@ async def test_rows_appended_while_postgres_is_away_reach_it_once_it_is_back(
     async def replayed() -> bool:
         return not await in_spool(path)
 
-    await eventually(replayed)
+    await eventually(replayed, clock)
     assert await stored(pg_dsn) == [r.request_id for r in rows]
     assert ledger.replayed == 40
     assert [r async for r in ledger.rows()] == rows
@@ -248,7 +253,7 @@ async def test_rows_that_landed_without_acknowledgement_are_not_doubled(pg_dsn, 
     async def replayed() -> bool:
         return not await in_spool(path)
 
-    await eventually(replayed)
+    await eventually(replayed, clock)
     assert await stored(pg_dsn) == [r.request_id for r in rows]  # each once
     assert ledger.replayed == 25
     assert ledger.primary.commits <= 3  # a spool batch of 10 rows is one transaction

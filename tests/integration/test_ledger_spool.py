@@ -63,10 +63,16 @@ def spooling(store: RedisStore, path: Path, clock: FakeClock, **options) -> Spoo
     return SpoolingLedger(RedisStreamLedger(store), SqliteLedger(path), clock, **options)
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    """Wait for the background replay to get somewhere (never to make time pass)."""
+async def eventually(
+    check: Callable[[], Awaitable[bool]], clock: FakeClock, timeout_s: float = 20.0
+) -> None:
+    """Wait for the background replay to get somewhere, letting fake time pass as real
+    time does (TICK per look). Without it, a replay attempt that failed just before the
+    test brought Redis back (a busy machine runs the task late) would set its next attempt
+    after the clock's last step and never come due."""
     async with asyncio.timeout(timeout_s):
         while not await check():
+            clock.advance(TICK)
             await asyncio.sleep(TICK)
 
 
@@ -106,11 +112,11 @@ async def test_rows_appended_while_redis_is_down_reach_the_stream_when_it_is_bac
         assert await in_spool(path) == rows
     finally:
         back_up(redis_server, store, clock)
-    await eventually(lambda: _has(store, 40))
+    await eventually(lambda: _has(store, 40), clock)
     assert await in_stream(store) == rows  # in time order, each once
     assert await in_stream(store, "t:ledger:tenant:zeta") == rows[1::2]
     assert [r async for r in ledger.rows(tenant="acme")] == rows[0::2]
-    await eventually(lambda: _spool_empty(path))
+    await eventually(lambda: _spool_empty(path), clock)
     assert ledger.replayed == 40
     await ledger.append(row(40))  # Redis is healthy again: no spooling
     assert ledger.spooled == 40 and len(await in_stream(store)) == 41
@@ -148,7 +154,7 @@ async def test_a_redis_that_refuses_writes_is_spooled_too(store, clock: FakeCloc
     finally:
         await store.client.config_set("maxmemory", 0)
     clock.advance(TICK)
-    await eventually(lambda: _has(store, 1))
+    await eventually(lambda: _has(store, 1), clock)
     assert await in_stream(store) == [row(1)]
     await ledger.aclose()
     assert await in_spool(tmp_path / "spool.db") == []
@@ -166,18 +172,23 @@ async def test_a_replay_interrupted_after_redis_took_the_rows_adds_no_duplicates
     first = spooling(store, path, clock, close_timeout_s=0.2)
 
     async def crash_before_delete(request_ids) -> int:
-        await asyncio.Event().wait()  # never returns: the process "dies" here
+        # The process "dies" here: it waits until cancelled (by aclose, or its close
+        # timeout). A call made once that cancellation is under way (replay's ``finally``
+        # after a timeout that struck mid-batch) returns at once, as the real delete does.
+        task = asyncio.current_task()
+        if task is None or not task.cancelling():
+            await asyncio.Event().wait()
         return 0
 
     first.spool.delete = crash_before_delete  # type: ignore[method-assign]
     await first.start()
-    await eventually(lambda: _has(store, 10))
+    await eventually(lambda: _has(store, 10), clock)
     await first.aclose()  # its last replay appends the rows again (no-ops), then times out
     assert await in_spool(path) == rows  # Redis acknowledged them, but they were not deleted
 
     second = spooling(store, path, clock)
     await second.start()  # replays the same rows again
-    await eventually(lambda: _spool_empty(path))
+    await eventually(lambda: _spool_empty(path), clock)
     assert second.replayed == 10
     assert await in_stream(store) == rows  # each once
     assert await in_stream(store, "t:ledger:tenant:acme") == rows
@@ -209,10 +220,10 @@ async def test_redis_going_down_mid_replay_keeps_the_rest_for_later(
         ledger.primary.append = down_at_the_15th  # type: ignore[method-assign]
         back_up(redis_server, store, clock)
         # rows 0-13 were acknowledged and deleted; row 14 onwards stays, none lost
-        await eventually(lambda: _spool_is(path, rows[14:]))
+        await eventually(lambda: _spool_is(path, rows[14:]), clock)
         assert not redis_server.running
         back_up(redis_server, store, clock)  # loads the 14 rows from dump.rdb
-        await eventually(lambda: _spool_empty(path))
+        await eventually(lambda: _spool_empty(path), clock)
         assert await in_stream(store) == rows
     finally:
         redis_server.start()
@@ -249,7 +260,7 @@ async def test_rows_left_by_a_close_while_redis_is_down_are_replayed_by_the_next
     else:
         await second.append(row(50))  # nothing else needed: the first append looks too
         expected = [*rows, row(50)]
-    await eventually(lambda: _spool_empty(path))
+    await eventually(lambda: _spool_empty(path), clock)
     assert sorted(await in_stream(store), key=lambda r: r.ts) == expected
     await second.aclose()
 

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import msgspec
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from core.config import parse_config
 from core.tenancy import UsageRow
 from policies.ledger import ledger_backend, matches, open_ledger
-from policies.ledger.sqlite import SqliteLedger, connect, page_query
+from policies.ledger.sqlite import Reader, SqliteLedger, connect, page_query
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +112,74 @@ async def test_a_cancelled_append_is_still_committed(tmp_path):
     assert [r.request_id for r in await read(SqliteLedger(tmp_path / "usage.db"))] == ["req_00001"]
 
 
+class Gated(sqlite3.Connection):
+    """A read connection whose ``SELECT gate()`` runs until the test opens ``gate``, and
+    which records a ``close`` that came while that query was still running."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.started, self.gate = threading.Event(), threading.Event()
+        self.closed_mid_query = False
+        self.create_function("gate", 0, self._wait_for_the_gate)
+
+    def _wait_for_the_gate(self) -> int:
+        self.started.set()
+        return int(self.gate.wait(30))
+
+    def close(self) -> None:
+        self.closed_mid_query |= self.started.is_set() and not self.gate.is_set()
+        super().close()
+
+
+def gated_reader(path: Path) -> tuple[Reader, Gated]:
+    SqliteLedger(path)  # the schema
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, factory=Gated)
+    return Reader(conn), conn
+
+
+async def test_a_reader_closed_mid_query_closes_when_the_query_ends(tmp_path):
+    reader, conn = gated_reader(tmp_path / "usage.db")
+    query = asyncio.create_task(reader.fetch("SELECT gate()", []))
+    await asyncio.to_thread(conn.started.wait, 30)
+    query.cancel()  # the caller leaves; its thread goes on
+    with pytest.raises(asyncio.CancelledError):
+        await query
+    reader.close()
+    assert not reader.closed
+    conn.gate.set()
+    async with asyncio.timeout(30):
+        while not reader.closed:
+            await asyncio.sleep(0.01)
+    assert not conn.closed_mid_query
+    with pytest.raises(sqlite3.ProgrammingError):
+        conn.execute("SELECT 1")  # closed by the query's thread
+    with pytest.raises(sqlite3.ProgrammingError):
+        await reader.fetch("SELECT 1", [])
+
+
+def test_a_query_cut_off_by_its_loop_closing_keeps_its_connection_until_it_ends(tmp_path):
+    """What crashed a test run: a replay's ``oldest()`` still querying when the event
+    loop shut down. The shutdown cancels every task, so the query's future is done while
+    its thread still runs; the connection must not be closed under it."""
+    reader, conn = gated_reader(tmp_path / "usage.db")
+
+    async def read_then_close() -> None:
+        try:
+            await reader.fetch("SELECT gate()", [])
+        finally:
+            reader.close()
+            conn.gate.set()  # only now: the close came while the query ran
+
+    async def leave_it_running() -> None:
+        asyncio.get_running_loop().create_task(read_then_close())
+        await asyncio.to_thread(conn.started.wait, 30)
+
+    asyncio.run(leave_it_running())  # cancels read_then_close mid-query, then waits for threads
+    assert reader.closed and not conn.closed_mid_query
+    with pytest.raises(sqlite3.ProgrammingError):
+        conn.execute("SELECT 1")
+
+
 async def test_wal_and_full_sync_are_on(tmp_path):
     ledger = SqliteLedger(tmp_path / "usage.db")
     await ledger.append(row(1))
@@ -198,14 +267,14 @@ async def test_reading_does_not_load_everything_at_once(tmp_path, monkeypatch):
     ledger = SqliteLedger(tmp_path / "usage.db", page_rows=10)
     await asyncio.gather(*(ledger.append(row(i)) for i in range(95)))
     sizes: list[int] = []
-    fetch = module._fetch
+    fetch = module.Reader._fetch
 
-    def counting(conn, query, args):
-        page = fetch(conn, query, args)
+    def counting(self, query, args):
+        page = fetch(self, query, args)
         sizes.append(len(page))
         return page
 
-    monkeypatch.setattr(module, "_fetch", counting)
+    monkeypatch.setattr(module.Reader, "_fetch", counting)
     seen = 0
     async for _ in ledger.rows():
         seen += 1
