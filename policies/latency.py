@@ -235,7 +235,7 @@ class LatencyStats:
         ttft, tpot = self.estimate(label)
         model = self.ttft_model(label)
         load, knee = self.load.read(label, in_flight)
-        factor = max(load, self.overdue.factor(label))
+        factor = max(load, self.overdue.factor(label, in_flight))
         penalty, floor, from_tokens, from_in_flight = self.cuts.read(label)
         if model is None:
             return TargetHealth(
@@ -282,7 +282,8 @@ class LatencyStats:
         if predicted is None or self._extrapolated(label, prompt_tokens or 0):
             return None
         expected, spread, factor = predicted
-        return self.overdue.start(label, ttft_quantile_s(expected, spread, OVERDUE_Z), factor)
+        p99_s = ttft_quantile_s(expected, spread, OVERDUE_Z)
+        return self.overdue.start(label, p99_s, factor, in_flight or 0)
 
     def attempt_finished(
         self,

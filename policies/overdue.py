@@ -15,7 +15,9 @@ Once it has waited past that p99, the target is at least ``age / p99_s`` times s
 than predicted at that load, so ``factor(label)`` is the largest implied load factor,
 ``load_factor x age / p99_s``, over the target's overdue attempts (1.0 when none is
 overdue). Routing takes the larger of it and the curve's factor for the load there is
-now (``LatencyStats.health``).
+now (``LatencyStats.health``). An attempt ``QUEUE_SURPRISE`` (1.5x) or more past its p99
+is a queue, not a tail: for a request sent with more in flight than it was, its factor
+grows in proportion (``_queue_growth``).
 
 The p99, not the median: a healthy target's ordinary tail (one attempt in a hundred) then
 implies a factor just over the one it was sent at, growing only while it keeps waiting; a
@@ -38,6 +40,7 @@ from msgspec import Struct
 from core.clock import Clock
 
 OVERDUE_Z = 2.3263  # the standard normal's p99: the tail a healthy target stays within
+QUEUE_SURPRISE = 1.5  # past its p99 by this much: a queue, not a healthy target's tail
 MAX_FACTOR = 100.0  # as policies.load's curve
 
 
@@ -45,6 +48,7 @@ class _Waiting(Struct, frozen=True):
     started: float  # clock.now() at dispatch
     per_second: float  # load_factor / p99_s: the implied factor per second of waiting
     load_factor: float
+    in_flight: int = 0  # the others at the target when it was sent
 
 
 class OverdueAttempts:
@@ -57,15 +61,16 @@ class OverdueAttempts:
         self._labels: dict[int, str] = {}  # ticket -> label
         self._waiting: dict[str, dict[int, _Waiting]] = {}  # label -> ticket -> attempt
 
-    def start(self, label: str, p99_s: float, load_factor: float) -> int | None:
-        """Register an attempt predicted at ``p99_s`` (> 0) with ``load_factor``; None
-        (nothing registered) for a prediction that is not a positive number."""
+    def start(self, label: str, p99_s: float, load_factor: float, in_flight: int = 0) -> int | None:
+        """Register an attempt predicted at ``p99_s`` (> 0) with ``load_factor``, sent
+        with ``in_flight`` others at the target; None (nothing registered) for a
+        prediction that is not a positive number."""
         if not p99_s > 0 or not load_factor > 0:
             return None
         ticket = next(self._tickets)
         per_second = load_factor / p99_s
         self._labels[ticket] = label
-        attempt = _Waiting(self._clock.now(), per_second, load_factor)
+        attempt = _Waiting(self._clock.now(), per_second, load_factor, max(0, in_flight))
         self._waiting.setdefault(label, {})[ticket] = attempt
         return ticket
 
@@ -78,16 +83,33 @@ class OverdueAttempts:
         if not attempts:
             del self._waiting[label]
 
-    def factor(self, label: str) -> float:
-        """The largest load factor ``label``'s overdue attempts imply; 1.0 if none."""
+    def factor(self, label: str, in_flight: int = 0) -> float:
+        """The largest load factor ``label``'s overdue attempts imply for a request sent
+        with ``in_flight`` others there now; 1.0 if none is overdue."""
         now = self._clock.now()
         implied = 1.0
         for waiting in self._waiting.get(label, {}).values():
             factor = (now - waiting.started) * waiting.per_second
             if factor > waiting.load_factor:  # past its p99
-                implied = max(implied, factor)
+                implied = max(implied, factor * _queue_growth(waiting, factor, in_flight))
         return min(implied, MAX_FACTOR)
 
     def waiting(self, label: str) -> int:
         """How many registered attempts at ``label`` have no first token yet."""
         return len(self._waiting.get(label, {}))
+
+
+def _queue_growth(waiting: _Waiting, factor: float, in_flight: int) -> float:
+    """How much longer a request sent now waits than ``waiting`` did, when ``waiting``
+    is past its p99 by ``QUEUE_SURPRISE`` or more: (in_flight + 1) / (its in_flight +
+    1), at least 1. A queue's wait grows with the requests in front of it; a healthy
+    target's ordinary tail is never that late, so a target without a queue (a managed
+    API holding many requests) is not read slower for holding more.
+
+    Why: at start-up the flooded 4-slot box had no band of its curve read slowed yet
+    (its queued requests had not answered), and the overdue attempts' factor, x1.8-2.1
+    for attempts sent at 5-6 in flight, was used as is for requests at 11-12 in flight;
+    800 ms requests went there as the target least likely to be late, and missed."""
+    if factor < waiting.load_factor * QUEUE_SURPRISE:
+        return 1.0
+    return max(1.0, (in_flight + 1) / (waiting.in_flight + 1))

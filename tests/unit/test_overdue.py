@@ -20,7 +20,7 @@ from gateway.process.health import TrackerObserver, Trackers
 from local_tier.capacity import CapacityMonitor
 from policies.breaker import SharedBreakers
 from policies.latency import LatencyStats
-from policies.overdue import MAX_FACTOR, OVERDUE_Z, OverdueAttempts
+from policies.overdue import MAX_FACTOR, OVERDUE_Z, QUEUE_SURPRISE, OverdueAttempts
 from policies.store.memory import MemoryStore
 from routers.strategies.slo import Slo
 from routers.targets import Target
@@ -58,6 +58,21 @@ def test_the_factor_is_relative_to_the_load_each_attempt_was_sent_at():
     assert overdue.factor("box") == pytest.approx(6.0)
 
 
+def test_an_attempt_late_enough_to_be_queued_implies_more_for_a_longer_queue():
+    """Sent with 5 others, 0.9 s past a 0.5 s p99 (x1.8): a queue. A request sent now with
+    11 others waits behind twice as many: x3.6. Below ``QUEUE_SURPRISE`` the lateness
+    is read as a tail and the load now does not scale it; nor does a shorter queue."""
+    clock = FakeClock()
+    overdue = OverdueAttempts(clock)
+    overdue.start("box", p99_s=0.5, load_factor=1.0, in_flight=5)
+    clock.advance(0.5 * (QUEUE_SURPRISE - 0.1))
+    assert overdue.factor("box", in_flight=11) == pytest.approx(QUEUE_SURPRISE - 0.1)
+    clock.advance(0.5 * (1.8 - QUEUE_SURPRISE + 0.1))
+    assert overdue.factor("box", in_flight=11) == pytest.approx(1.8 * 12 / 6)
+    assert overdue.factor("box", in_flight=2) == pytest.approx(1.8)
+    assert overdue.factor("box") == pytest.approx(1.8)
+
+
 def test_nonsense_predictions_register_nothing_and_the_factor_is_capped():
     clock = FakeClock()
     overdue = OverdueAttempts(clock)
@@ -73,26 +88,30 @@ def test_nonsense_predictions_register_nothing_and_the_factor_is_capped():
     st.lists(
         st.tuples(st.floats(0.01, 10), st.floats(1, 10), st.floats(0, 30), st.booleans()),
         max_size=20,
-    )
+    ),
+    st.integers(0, 30),
 )
-def test_the_factor_is_at_least_one_grows_with_waiting_and_ends_with_the_attempts(attempts):
+def test_the_factor_is_at_least_one_grows_with_waiting_and_ends_with_the_attempts(
+    attempts, in_flight
+):
     clock = FakeClock()
     overdue = OverdueAttempts(clock)
     tickets = []
-    for p99_s, load_factor, gap_s, _ in attempts:
-        tickets.append(overdue.start("box", p99_s, load_factor))
+    for index, (p99_s, load_factor, gap_s, _) in enumerate(attempts):
+        tickets.append(overdue.start("box", p99_s, load_factor, in_flight=index % 7))
         clock.advance(gap_s)
-    before = overdue.factor("box")
+    before = overdue.factor("box", in_flight)
     clock.advance(1.0)
-    after = overdue.factor("box")
+    after = overdue.factor("box", in_flight)
     assert 1.0 <= before <= after <= MAX_FACTOR
+    assert overdue.factor("box", in_flight + 1) >= after  # more in front: never quicker
     for ticket, (_, _, _, finish) in zip(tickets, attempts, strict=True):
         if finish:
             overdue.finish(ticket)
-    assert overdue.factor("box") <= after
+    assert overdue.factor("box", in_flight) <= after
     for ticket in tickets:
         overdue.finish(ticket)
-    assert overdue.factor("box") == 1.0 and overdue.waiting("box") == 0
+    assert overdue.factor("box", in_flight) == 1.0 and overdue.waiting("box") == 0
 
 
 def measured(clock: FakeClock, ttft_s: float = 0.25, label: str = "box") -> LatencyStats:
