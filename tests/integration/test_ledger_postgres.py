@@ -7,7 +7,7 @@ them exactly once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
@@ -22,10 +22,10 @@ from policies.ledger.sqlite import SqliteLedger
 from policies.pg import PostgresUnavailableError, connect
 from policies.store.base import StoreUnavailableError
 from tests.fixtures.postgres_server import TcpProxy
+from tests.fixtures.spool_replay import TICK, eventually
 
 pytestmark = pytest.mark.anyio
 T0 = 1_714_521_600.0
-TICK = 0.01  # the spool's real wait between looks at the (fake) clock
 
 
 def row(i: int, **extra) -> UsageRow:
@@ -52,17 +52,6 @@ async def query(dsn: str, sql: str, *args) -> list[tuple]:
 
 async def stored(dsn: str) -> list[str]:
     return [r[0] for r in await query(dsn, f"SELECT request_id FROM {TABLE} ORDER BY ts")]
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], clock: FakeClock, timeout_s: float = 20.0
-) -> None:
-    """Wait for the background replay, letting fake time pass as real time does: a replay
-    attempt that failed just before the test brought Postgres back must come due again."""
-    async with asyncio.timeout(timeout_s):
-        while not await check():
-            clock.advance(TICK)
-            await asyncio.sleep(TICK)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -23,10 +23,10 @@ from policies.ledger.spool import SpoolingLedger
 from policies.ledger.sqlite import SqliteLedger
 from policies.store.redis import RedisStore
 from tests.fixtures.redis_server import RedisServer
+from tests.fixtures.spool_replay import TICK, eventually
 
 pytestmark = pytest.mark.anyio
 T0 = 1_714_521_600.0  # 2024-05-01T00:00:00Z
-TICK = 0.01  # the replay task's real wait between looks at the (fake) clock
 
 
 def row(i: int, *, tenant: str | None = "acme", **extra) -> UsageRow:
@@ -61,19 +61,6 @@ async def store(redis_url: str, clock: FakeClock) -> AsyncIterator[RedisStore]:
 def spooling(store: RedisStore, path: Path, clock: FakeClock, **options) -> SpoolingLedger:
     options.setdefault("replay_interval_s", TICK)
     return SpoolingLedger(RedisStreamLedger(store), SqliteLedger(path), clock, **options)
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], clock: FakeClock, timeout_s: float = 20.0
-) -> None:
-    """Wait for the background replay to get somewhere, letting fake time pass as real
-    time does (TICK per look). Without it, a replay attempt that failed just before the
-    test brought Redis back (a busy machine runs the task late) would set its next attempt
-    after the clock's last step and never come due."""
-    async with asyncio.timeout(timeout_s):
-        while not await check():
-            clock.advance(TICK)
-            await asyncio.sleep(TICK)
 
 
 async def in_stream(store: RedisStore, key: str = "t:ledger") -> list[UsageRow]:
