@@ -72,6 +72,10 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     # How much longer than at no load the target takes to start a request dispatched now,
     # from its learnt latency-vs-concurrency curve (``policies.load``): 1.0 = as at no load.
     ttft_load_factor: float = 1.0
+    # Seconds a request sent now waits for one of the target's slots, where its slots are
+    # inferred (``policies.slots``, Little's law): the prediction is the larger of the
+    # no-load TTFT x the load factor and the no-load TTFT + this wait.
+    ttft_queue_s: float = 0.0
     # The most requests in flight any recent TTFT sample was dispatched with (None: no
     # sample): past it the load factor is extrapolated (``routers.strategies.slo``).
     ttft_load_seen: int | None = None

@@ -72,7 +72,8 @@ watched for being overdue: its error is the unlearnt slope's, not load.
 
 ``health(label, in_flight)`` hands the strategies the multiplier for the count there is
 now, or the larger one that attempts still waiting past their p99 imply
-(``policies.overdue``: a queue seen before it answers).
+(``policies.overdue``: a queue seen before it answers), and the wait for a slot where the
+target's slots are inferred (``policies.slots``: answers streaming while another waits).
 
 Cuts. An attempt cut at its first-token deadline is no sample (its TTFT is only known to
 exceed the wait). Each is evidence towards the cut penalty (``policies.cuts``: one cut
@@ -96,6 +97,7 @@ from core.routing import TargetHealth, spread_band, ttft_exceeds_p, ttft_quantil
 from policies.cuts import EVIDENCE, CutPenalties
 from policies.load import LoadCurve
 from policies.overdue import OVERDUE_Z, OverdueAttempts
+from policies.slots import SlotQueues
 from policies.ttft_fit import TtftModel, band_spreads, censored, routing_spread
 from policies.ttft_models import TwoSpeedFits, stale
 
@@ -145,6 +147,7 @@ class LatencyStats:
         self.load = LoadCurve(clock, load_alpha, max_age_s)
         self.cuts = CutPenalties(clock)
         self.overdue = OverdueAttempts(clock)
+        self.slots = SlotQueues(clock)
         self._ttft: dict[str, _Ewma] = {}
         self._tpot: dict[str, _Ewma] = {}
 
@@ -237,12 +240,16 @@ class LatencyStats:
         load, knee = self.load.read(label, in_flight)
         factor = max(load, self.overdue.factor(label, in_flight))
         penalty, floor, from_tokens, from_in_flight = self.cuts.read(label)
+        self.slots.confirm(label, self.overdue.queued(label))
+        service = model.base_s if model is not None else ttft
+        queue = self.slots.wait_s(label, service) if service is not None else 0.0
         if model is None:
             return TargetHealth(
                 ttft_s=ttft,
                 tpot_s=tpot,
                 in_flight=in_flight,
                 ttft_load_factor=factor,
+                ttft_queue_s=queue,
                 ttft_age_s=self.sample_age(label) if floor is not None else None,
                 ttft_penalty=penalty,
                 ttft_floor_s=floor,
@@ -260,6 +267,7 @@ class LatencyStats:
             ttft_band_spreads=band_spreads(spread, model.spread, model.bands),
             in_flight=in_flight,
             ttft_load_factor=factor,
+            ttft_queue_s=queue,
             ttft_load_seen=self.load.most_seen(label),
             ttft_load_knee=knee,
             ttft_age_s=self.sample_age(label),

@@ -94,6 +94,15 @@ class OverdueAttempts:
                 implied = max(implied, factor * _queue_growth(waiting, factor, in_flight))
         return min(implied, MAX_FACTOR)
 
+    def queued(self, label: str) -> bool:
+        """Whether an attempt at ``label`` waits past its p99 by ``QUEUE_SURPRISE`` or more:
+        a queue, not a tail (``policies.slots`` reads it as evidence of slots)."""
+        now = self._clock.now()
+        return any(
+            (now - waiting.started) * waiting.per_second >= waiting.load_factor * QUEUE_SURPRISE
+            for waiting in self._waiting.get(label, {}).values()
+        )
+
     def waiting(self, label: str) -> int:
         """How many registered attempts at ``label`` have no first token yet."""
         return len(self._waiting.get(label, {}))

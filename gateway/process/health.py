@@ -96,6 +96,7 @@ class TrackerObserver:
         self._holding: list[str] = []  # labels this request holds, one entry per attempt
         self._sent_at: dict[str, int] = {}  # label -> load when the last attempt started
         self._tickets: dict[str, int | None] = {}  # label -> the last attempt's waiting ticket
+        self._slot_tickets: dict[str, list[int]] = {}  # label -> its attempts' slot tickets
         self.prompt_tokens: int | None = None
 
     def attempt_started(self, label: str) -> None:
@@ -106,6 +107,7 @@ class TrackerObserver:
             label, prompt_tokens=self.prompt_tokens, in_flight=load
         )
         self._holding.append(label)
+        self._slot_tickets.setdefault(label, []).append(trackers.latency.slots.enter(label))
         if trackers.capacity.knows(label):
             trackers.capacity.sent(label)
 
@@ -127,12 +129,15 @@ class TrackerObserver:
             return
         if error is not None:
             self._let_go(label)
-        elif ttft_s is not None and trackers.capacity.knows(label):
+            return
+        trackers.latency.slots.streaming(self._slot_tickets[label][-1])
+        if ttft_s is not None and trackers.capacity.knows(label):
             trackers.capacity.observe_ttft(label, ttft_s)
 
     def _let_go(self, label: str) -> None:
         self._holding.remove(label)
         self._trackers.load.leave(label)
+        self._trackers.latency.slots.leave(self._slot_tickets[label].pop())
         if self._trackers.capacity.knows(label):
             self._trackers.capacity.done(label)
 

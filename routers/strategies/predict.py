@@ -4,8 +4,9 @@ a target's EWMAs, cost from its price, and the formatting used in route reasons.
 Rules, stated once:
 - TTFT = (``ttft_base_s`` + ``ttft_per_token_s`` x the request's prompt tokens) x
   ``ttft_load_factor``: the target's fitted no-load TTFT model (``policies.latency``)
-  times what its in-flight requests add now (``policies.load``); before a model is
-  fitted, the EWMA of time to first token times the same factor; either times the
+  times what its in-flight requests add now (``policies.load``), or that no-load TTFT
+  plus the wait for a slot (``ttft_queue_s``, ``policies.slots``) where that is longer;
+  before a model is fitted, the EWMA of time to first token the same way; either times the
   target's cut penalty (``policies.cuts``: attempts given up on at their first-token
   deadline) when the request's prompt is as large as the ones cut. Never measured: the
   longest recently cut wait times the penalty, else ``None`` (unmeasured).
@@ -45,12 +46,18 @@ def ttft_s(req: RouteRequest, health: TargetHealth) -> float | None:
     penalty = health.ttft_penalty if health.penalty_covers(req.prompt_tokens) else 1.0
     if health.ttft_base_s is not None and health.ttft_per_token_s is not None:
         no_load = health.ttft_base_s + health.ttft_per_token_s * req.prompt_tokens
-        return no_load * health.ttft_load_factor * penalty
+        return _loaded(no_load, health) * penalty
     if health.ttft_s is not None:
-        return health.ttft_s * health.ttft_load_factor * penalty
+        return _loaded(health.ttft_s, health) * penalty
     if health.ttft_floor_s is not None:
         return health.ttft_floor_s * health.ttft_penalty
     return None
+
+
+def _loaded(no_load_s: float, health: TargetHealth) -> float:
+    """A no-load TTFT at the target's load now: its load factor or its slot wait, the
+    longer (two reads of one queue; see the module docstring)."""
+    return max(no_load_s * health.ttft_load_factor, no_load_s + health.ttft_queue_s)
 
 
 def ttft_tail_s(req: RouteRequest, health: TargetHealth, z: float) -> float | None:

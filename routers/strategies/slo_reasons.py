@@ -36,13 +36,15 @@ def predicted_text(req: RouteRequest, health: TargetHealth, z: float) -> str:
 
 
 def _load_text(health: TargetHealth) -> str:
-    """`` x1.80 at 5 in flight`` (the load factor only when it is not 1), or nothing when
-    the target holds no request."""
+    """`` x1.80 at 5 in flight`` (the load factor only when it is not 1), with ``, 2.5s
+    queue`` where a slot wait is predicted, or nothing when the target holds no
+    request."""
     if health.in_flight <= 0:
         return ""
     factor = health.ttft_load_factor
     scaled = "" if factor == 1.0 else f" x{factor:.2f}"
-    return f"{scaled} at {health.in_flight} in flight"
+    queue = "" if health.ttft_queue_s <= 0 else f", {fmt_s(health.ttft_queue_s)} queue"
+    return f"{scaled} at {health.in_flight} in flight{queue}"
 
 
 def feasible_reason(
