@@ -729,14 +729,17 @@ def test_a_target_feasible_at_its_p90_must_leave_a_rescue_time_unless_both_being
     assert first(tgt("premium", 5.0), tgt("budget", 4.0)).target.provider_name == "premium"
     assert first(tgt("premium", 5.0), tgt("mid", 1.0)).target.provider_name == "mid"
     mid_first = first(tgt("premium", 5.0), tgt("mid", 1.0)).deadline
-    assert mid_first is not None  # the planner's, raced against premium from its cut
+    assert mid_first is not None  # the planner's, raced against premium
     assert mid_first.patience_s == pytest.approx(1.5 * 1.45)
-    assert mid_first.hedge == Hedge(None, None)
+    # The race starts when premium's p99 still fits, before mid's longer patience: a
+    # race throws no answer away (a cut would be held back until the patience).
+    assert mid_first.by_s == pytest.approx(3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05)
+    assert mid_first.hedge == Hedge(mid_first.by_s, None)
+    assert mid_first.hedge_window_s(0.0) == mid_first.by_s < mid_first.window_s(0.0)
     early = first(tgt("premium", 5.0), tgt("budget", 0.3))
     assert early.target.provider_name == "budget"
-    assert early.deadline == Deadline(
-        pytest.approx(3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05), hedge=Hedge(None, None)
-    )
+    cut = 3.0 - ttft_quantile_s(0.37, 0.35, 2.3263) - 0.05
+    assert early.deadline == Deadline(pytest.approx(cut), hedge=Hedge(pytest.approx(cut), None))
     assert "cut at 2.2s for a rescue" in early.reason
     # A target never measured, or one only ever cut, is no rescue (decision 0010, session
     # 17): budget is still judged at its p99.
@@ -819,13 +822,14 @@ def test_an_early_cut_is_planned_without_patience_and_a_hedge_starts_there_at_th
     plan = Slo().plan(RAG, candidates, health, FixedRandom(0.9))
     assert [r.target.provider_name for r in plan] == ["mid", "premium"]
     # raced against its rescue from the cut (rescue.raced), not cut there
-    assert plan[0].deadline == Deadline(pytest.approx(_early(mid)), hedge=Hedge(None, None))
+    cut = pytest.approx(_early(mid))
+    assert plan[0].deadline == Deadline(cut, hedge=Hedge(cut, None))
     assert plan[0].deadline.window_s(0.0) == pytest.approx(_early(mid))
     assert plan[0].deadline.hedge_window_s(0.0) == pytest.approx(_early(mid))
     hedged = Slo(SloStrategy(hedge_share=0.1)).plan(RAG, candidates, health, FixedRandom(0.9))
     deadline = hedged[0].deadline
     assert deadline.by_s == pytest.approx(_early(mid)) and deadline.patience_s is None
-    assert deadline.hedge == Hedge(None, None)  # the race, uncapped, is kept
+    assert deadline.hedge == Hedge(cut, None)  # the race, uncapped, is kept
     assert deadline.hedge_window_s(0.0) <= _early(mid) + 1e-9
 
 
@@ -859,7 +863,7 @@ def test_only_a_first_target_followed_by_its_rescue_is_raced():
     health = Health(a=measured, b=measured, c=measured)
     cut = first_token_deadlines(req, [a.target, b.target], health)["a/m"]  # the planner's
     raced = rescue.raced(req, [a, b, c], {"a/m": "b/m"}, health)
-    assert raced[0].deadline == msgspec.structs.replace(cut, hedge=Hedge(None, None))
+    assert raced[0].deadline == msgspec.structs.replace(cut, hedge=Hedge(cut.by_s, None))
     assert raced[1:] == [b, c]
     assert rescue.raced(req, [a, c, b], {"a/m": "b/m"}, health) == [a, c, b]  # not next
     assert rescue.raced(req, [a, b], {}, health) == [a, b]  # judged with no rescue
@@ -867,8 +871,13 @@ def test_only_a_first_target_followed_by_its_rescue_is_raced():
     assert rescue.raced(loose, [a, b], {"a/m": "b/m"}, health) == [a, b]
     own = Ranked(a.target, "why", deadline=Deadline(1.5))  # an early cut keeps its moment
     assert rescue.raced(req, [own, b], {"a/m": "b/m"}, health)[0].deadline == Deadline(
-        1.5, hedge=Hedge(None, None)
+        1.5, hedge=Hedge(1.5, None)
     )
+    # A last chance (no rescue can surely save it: by_s 0) races at its patience.
+    last = Ranked(a.target, "why", deadline=Deadline(0.0, 2.0))
+    race = rescue.raced(req, [last, b], {"a/m": "b/m"}, health)[0].deadline
+    assert race == Deadline(0.0, 2.0, hedge=Hedge(None, None))
+    assert race.hedge_window_s(0.0) == 2.0
 
 
 def test_feasible_targets_are_ordered_by_expected_cost_with_their_rescues():
