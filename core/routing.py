@@ -95,6 +95,10 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     ttft_steady_base_s: float | None = None
     ttft_steady_per_token_s: float | None = None
     ttft_steady_band_spreads: tuple[float, ...] = ()
+    # The longest prompt the slow fit's slope is known for (``policies.ttft_fit.
+    # reach_tokens``; None: unknown): a rescue for a longer one is reserved a prefill of at
+    # least ``predict.UNSEEN_PREFILL_S_PER_TOKEN`` (``predict.as_rescue``).
+    ttft_steady_reach_tokens: float | None = None
     # From attempts cut at their first-token deadline (``policies.cuts``): a multiplier on
     # the predicted TTFT (1.0: none lately) for prompts of at least
     # ``ttft_penalty_from_tokens`` sent with at least ``ttft_penalty_from_in_flight`` in

@@ -383,6 +383,7 @@ class LatencyStats:
             "ttft_steady_base_s": steady.base_s,
             "ttft_steady_per_token_s": steady.per_token_s,
             "ttft_steady_band_spreads": band_spreads(overall, steady.spread, steady.bands),
+            "ttft_steady_reach_tokens": self.fits.reach_tokens(label),
         }
 
     def _routing_spread(self, label: str, model: TtftModel) -> float:

@@ -139,7 +139,13 @@ def beyond_reach(fit: Fit, tokens: float, margin: float) -> bool:
     4,900-token answers, after chat prompts only, took 0.6-0.8 s against ~0.43 s
     predicted, at a new high of in-flight requests, and read as load (premium has no
     queue at all)."""
-    return tokens > fit.mean_x + 2.0 * math.sqrt(max(fit.var_x, 0.0)) + margin
+    return tokens > reach_tokens(fit, margin)
+
+
+def reach_tokens(fit: Fit, margin: float) -> float:
+    """The longest prompt ``fit``'s slope is taken as known for: the mean of the prompts
+    it has seen plus two standard deviations, plus ``margin`` (``beyond_reach``)."""
+    return fit.mean_x + 2.0 * math.sqrt(max(fit.var_x, 0.0)) + margin
 
 
 def spread_of(fit: Fit) -> float | None:

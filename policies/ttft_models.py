@@ -12,7 +12,16 @@ from __future__ import annotations
 import msgspec
 
 from core.clock import Clock
-from policies.ttft_fit import Fit, TtftModel, beyond_reach, checked_samples, learn, line, model_of
+from policies.ttft_fit import (
+    Fit,
+    TtftModel,
+    beyond_reach,
+    checked_samples,
+    learn,
+    line,
+    model_of,
+    reach_tokens,
+)
 
 
 class TwoSpeedFits:
@@ -112,6 +121,12 @@ class TwoSpeedFits:
         (``ttft_fit.beyond_reach`` of the slow fit, by ``prior_tokens``)."""
         slow = self.slow.get(label)
         return slow is not None and beyond_reach(slow, prompt_tokens, self.prior_tokens)
+
+    def reach_tokens(self, label: str) -> float | None:
+        """The longest prompt ``label``'s slope is known for (``ttft_fit.reach_tokens`` of
+        the slow fit, by ``prior_tokens``; None: no slow fit)."""
+        slow = self.slow.get(label)
+        return None if slow is None else reach_tokens(slow, self.prior_tokens)
 
     def steady(self, label: str) -> TtftModel | None:
         """The slow fit's own model (its line and its errors; None: no fresh slow fit):

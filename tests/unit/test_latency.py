@@ -188,6 +188,7 @@ def test_samples_without_prompt_tokens_update_only_the_mean():
         ttft_steady_base_s=0.4,  # the slow fit has learnt the same sample
         ttft_steady_per_token_s=0.0,
         ttft_steady_band_spreads=(PRIOR_SPREAD,) * len(SPREAD_BAND_EDGES),
+        ttft_steady_reach_tokens=1300.0,  # one 300-token prompt + the 1,000 margin
     )
 
 

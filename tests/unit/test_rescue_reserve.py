@@ -15,7 +15,13 @@ from core.clock import FakeClock
 from core.routing import RouteRequest, TargetHealth, ttft_quantile_s
 from policies.latency import LatencyStats
 from routers.strategies.deadlines import SWITCH_S, first_token_deadlines
-from routers.strategies.predict import RESERVE_Z, as_rescue, ttft_s, ttft_tail_s
+from routers.strategies.predict import (
+    RESERVE_Z,
+    UNSEEN_PREFILL_S_PER_TOKEN,
+    as_rescue,
+    ttft_s,
+    ttft_tail_s,
+)
 from tests.unit.test_routing_promise import Health, tgt
 
 CHAT = RouteRequest(model="alias", prompt_tokens=200, max_tokens=100, slo_ttft_ms=3000)
@@ -57,6 +63,42 @@ def test_the_cut_before_a_rescue_leaves_it_its_steady_p99():
     fast_only = msgspec.structs.replace(LUCKY, ttft_steady_base_s=None)
     later = first_token_deadlines(CHAT, plan, Health(box=box, premium=fast_only))["box/m"]
     assert later.by_s == pytest.approx(3.0 - ttft_quantile_s(0.28, 0.3, RESERVE_Z) - SWITCH_S)
+
+
+def test_a_prompt_longer_than_the_slope_is_known_for_is_reserved_the_unseen_prefill():
+    """premium has seen chat prompts only (its slope reads 0 up to 1,700 tokens): a
+    4,000-token RAG prompt is reserved 0.1 ms a token more; a chat prompt, or a target
+    whose learnt slope is steeper, keeps its own."""
+    seen_chat = msgspec.structs.replace(LUCKY, ttft_steady_reach_tokens=1700.0)
+    rag = RouteRequest(model="alias", prompt_tokens=4000, slo_ttft_ms=3000)
+    assert ttft_s(rag, as_rescue(rag, seen_chat)) == pytest.approx(
+        0.38 + 4000 * UNSEEN_PREFILL_S_PER_TOKEN
+    )
+    assert ttft_s(CHAT, as_rescue(CHAT, seen_chat)) == pytest.approx(0.38)
+    steep = msgspec.structs.replace(seen_chat, ttft_steady_per_token_s=5e-4)
+    assert ttft_s(rag, as_rescue(rag, steep)) == pytest.approx(0.38 + 4000 * 5e-4)
+
+
+def test_the_reach_grows_with_the_prompts_the_slow_fit_sees():
+    clock = FakeClock()
+    stats = LatencyStats(clock)
+    rng = random.Random(5)
+    for _ in range(200):
+        clock.advance(0.2)
+        stats.observe_ttft("p", 0.35 * rng.lognormvariate(0.0, 0.35), prompt_tokens=200)
+    chat_reach = stats.health("p").ttft_steady_reach_tokens
+    assert chat_reach is not None and 1200 <= chat_reach < 1300  # 200 + 2 x 0 + 1000
+    rag = RouteRequest(model="alias", prompt_tokens=4000, slo_ttft_ms=3000)
+    assert as_rescue(rag, stats.health("p")).ttft_per_token_s == UNSEEN_PREFILL_S_PER_TOKEN
+    for i in range(200):
+        clock.advance(0.2)
+        tokens = 200 if i % 2 else 4000
+        ttft = 0.35 * rng.lognormvariate(0.0, 0.35) + 5e-5 * tokens
+        stats.observe_ttft("p", ttft, prompt_tokens=tokens)
+    health = stats.health("p")
+    assert health.ttft_steady_reach_tokens is not None
+    assert health.ttft_steady_reach_tokens > 4000
+    assert as_rescue(rag, health).ttft_per_token_s < UNSEEN_PREFILL_S_PER_TOKEN
 
 
 @given(
