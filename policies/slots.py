@@ -24,17 +24,27 @@ Per target label, local to the process (as ``policies.overdue``):
   streams that ended; before any has ended, the mean age of the open ones (a lower bound,
   growing while they last).
 
-``wait_s(label, service_s)``: for a request sent now, by Little's law. With ``n`` held
-and ``S`` slots, it starts after ``n + 1 - S`` slots free up; each slot frees once per
-``service_s + hold_s`` (its service TTFT, then its stream), ``S`` of them side by side, so
-the wait is ``(n + 1 - S) x (service_s + hold_s) / S`` (0 below ``S`` held, or with no
-slots inferred). ``policies.latency`` hands it to routing as ``TargetHealth.ttft_queue_s``.
+``wait_s(label, service_s)``: for a request sent now, the longer of two reads. With
+``n`` held and ``S`` slots, it starts after ``n + 1 - S`` slots free up (0 below ``S``
+held, or with no slots inferred), and each slot frees once per cycle, ``service_s +
+hold_s`` (its service TTFT, then its stream):
+
+- by Little's law, ``S`` cycles side by side: ``(n + 1 - S) x cycle / S``. A mean over
+  the streams' ages, so it reads short when they started together;
+- by the open streams: each frees its slot ``hold_s`` after its first token (now, if
+  older), a slot not streaming one cycle from now; the requests ahead take the first
+  slots to free, each holding its slot a cycle, and this one gets the next. End to end,
+  the box at 4 in flight read a 1.2 s wait by Little's law, and a request sent there
+  waited 3.7 s behind four answers that had just started.
+
+``policies.latency`` hands it to routing as ``TargetHealth.ttft_queue_s``.
 
 Pure: no I/O, time from the injected clock.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 
 from msgspec import Struct
@@ -88,12 +98,11 @@ class SlotQueues:
     def leave(self, ticket: int | None) -> None:
         """The attempt let go of its target (answer ended, failed, cut or cancelled); a
         stream's length teaches ``hold_s``. Unknown or repeated tickets are ignored."""
-        label = self._labels.pop(ticket, None) if ticket is not None else None
-        if label is None:
+        if ticket is None or (label := self._labels.pop(ticket, None)) is None:
             return
         target = self._targets[label]
         target.held -= 1
-        started = target.streams.pop(ticket, None) if ticket is not None else None
+        started = target.streams.pop(ticket, None)
         if started is not None:
             length = max(0.0, self._clock.now() - started)
             old = target.hold_s
@@ -132,14 +141,29 @@ class SlotQueues:
         return sum(now - started for started in target.streams.values()) / len(target.streams)
 
     def wait_s(self, label: str, service_s: float) -> float:
-        """Seconds a request sent to ``label`` now waits for a slot (Little's law, see the
-        module docstring), ``service_s`` being the target's no-load TTFT; 0 when no slot
-        limit is inferred or a slot is free."""
+        """Seconds a request sent to ``label`` now waits for a slot (the longer of Little's
+        law and the open streams' read, see the module docstring), ``service_s`` being the
+        target's no-load TTFT; 0 when no slot limit is inferred or a slot is free."""
         target = self._targets.get(label)
         if target is None or not target.slots:
             return 0.0
         ahead = target.held + 1 - target.slots
         if ahead <= 0:
             return 0.0
-        cycle = max(0.0, service_s) + (self.hold_s(label) or 0.0)
-        return ahead * cycle / target.slots
+        hold = self.hold_s(label) or 0.0
+        cycle = max(0.0, service_s) + hold
+        little = ahead * cycle / target.slots
+        return max(little, self._next_free_s(target, target.slots, hold, cycle, ahead))
+
+    def _next_free_s(
+        self, target: _Target, slots: int, hold: float, cycle: float, ahead: int
+    ) -> float:
+        """When the ``ahead``-th slot to free frees, from the open streams (see the module
+        docstring)."""
+        now = self._clock.now()
+        free = [max(0.0, hold - (now - started)) for started in target.streams.values()]
+        free += [cycle] * (slots - len(free))
+        heapq.heapify(free)
+        for _ in range(ahead - 1):  # each request ahead holds the first slot to free a cycle
+            heapq.heapreplace(free, free[0] + cycle)
+        return free[0]

@@ -69,6 +69,30 @@ def test_answers_streaming_while_another_queues_are_the_slots_and_set_the_wait()
     assert slots.held("box") == 3
 
 
+def test_answers_that_started_together_free_their_slots_together():
+    """Streams last 2 s (0.25 s of service before each). Four answers start at once while
+    a fifth request waits: the first slot frees 2 s from now, when that fifth one takes
+    it, and the next request gets the second, also 2 s from now; Little's law (2 x 2.25 /
+    4) would say 1.1 s. With four more waiting, the ninth takes the last of the four and
+    the next waits for the first slot to free again, 2 + 2.25 s. A second later the
+    streams free in 1 s, and Little's law (6 x 2.25 / 4), the longer read, holds."""
+    clock = FakeClock()
+    slots = SlotQueues(clock)
+    first = streaming_box(clock, slots, 1)
+    clock.advance(2.0)
+    slots.leave(first[0])
+    assert slots.hold_s("box") == pytest.approx(2.0)
+    streaming_box(clock, slots, 4)
+    slots.enter("box")
+    slots.confirm("box", queued=True)
+    assert slots.wait_s("box", 0.25) == pytest.approx(2.0)
+    for _ in range(4):
+        slots.enter("box")
+    assert slots.wait_s("box", 0.25) == pytest.approx(4.25)
+    clock.advance(1.0)
+    assert slots.wait_s("box", 0.25) == pytest.approx(6 * 2.25 / 4)
+
+
 def test_more_answers_streaming_than_the_slots_inferred_drop_the_inference():
     """A managed API whose rare slow tail came at its busiest moment so far looks
     slot-bound; its next busier moment proves it is not."""
