@@ -39,8 +39,15 @@ target has:
   sent at such a load clears it: a 4-slot box whose requests sent at 4 in flight queue
   and are cut keeps the penalty there while it answers quickly at 1-3 (end to end those
   answers dropped it within 2-3 s, and 800 ms requests kept going to the box at 4 in
-  flight; decision 0010, session 24). A hang's cuts come at every load, the least
-  included, so they cover every load.
+  flight; decision 0010, session 24).
+
+The prompt size and the load apply once the target has answered since its cuts began
+(a real sample that did not clear them): until then it is not slow for some prompts or
+loads, it answers nothing. A hang's cuts come as its requests in flight drain, so the
+fewest in flight among them falls only as it drains: end to end, `mid` hung at 40 s,
+its penalty covered 11 in flight or more by 44.7 s, 4 by 47.8 s, every load at 51.8 s,
+and 3 s RAG requests sent there at 6-9 in flight in between were cut at its patience,
+too late for premium to rescue them.
 
 Pure: time from the injected clock.
 """
@@ -67,6 +74,7 @@ class _Cuts(Struct):
     prompt_tokens: int
     evidence: float = 0.0
     in_flight: int = 0  # the fewest requests in flight any of the cuts was sent with
+    answered: bool = False  # a real sample since the cuts began (that did not clear them)
 
 
 class CutPenalties:
@@ -127,6 +135,8 @@ class CutPenalties:
         loaded_enough = in_flight is None or in_flight >= known.in_flight
         if long_enough and loaded_enough:
             del self._cuts[label]
+        else:
+            known.answered = True
 
     def age_s(self, label: str) -> float | None:
         """Seconds since ``label``'s last cut (None: none lately, or no penalty yet)."""
@@ -137,10 +147,13 @@ class CutPenalties:
 
     def read(self, label: str) -> tuple[float, float | None, int, int]:
         """(penalty, floor seconds, the prompt size and the in-flight count it applies
-        from) now: (1.0, None, 0, 0) when nothing was cut lately."""
+        from) now: (1.0, None, 0, 0) when nothing was cut lately; every prompt and load
+        (0, 0) until the target has answered since its cuts began."""
         known = self._live(label)
         if known is None:
             return 1.0, None, 0, 0
+        if not known.answered:
+            return self._penalty(known), known.floor_s, 0, 0
         share = int(known.prompt_tokens * PROMPT_SHARE)
         return self._penalty(known), known.floor_s, share, known.in_flight
 

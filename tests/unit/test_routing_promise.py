@@ -249,12 +249,15 @@ def test_cut_attempts_raise_a_decaying_penalty_not_the_fits():
     twice = CUT_FACTOR * (1 + (CUT_FACTOR - 1) * 0.5 ** (30 / 30))  # 30 s of decay between
     cut = stats.health("a")
     assert cut.ttft_penalty == pytest.approx(twice) and stats.ttft_model("a").predict(10) == 2.0
+    assert cut.ttft_penalty_from_tokens == 0  # nothing answered since: every prompt
+    assert ttft_s(req, cut) == pytest.approx(2.0 * twice)
+    stats.observe_ttft("a", 2.0, prompt_tokens=4)  # a smaller prompt served: still cut
+    cut = stats.health("a")
+    assert cut.ttft_penalty == pytest.approx(twice)
     assert cut.ttft_penalty_from_tokens == 5  # half the prompt cut
     long = msgspec.structs.replace(req, prompt_tokens=10)
     assert ttft_s(long, cut) == pytest.approx(2.0 * twice)
     assert ttft_s(req, cut) == pytest.approx(2.0)  # a smaller prompt: no penalty
-    stats.observe_ttft("a", 2.0, prompt_tokens=4)  # a smaller prompt served: still cut
-    assert stats.health("a").ttft_penalty == pytest.approx(twice)
     stats.attempt_finished(  # sent with those two, before the last cut: no new evidence
         "a", error="AttemptDeadlineError", ttft_s=21.5, retryable=False, prompt_tokens=10
     )
@@ -350,9 +353,9 @@ def test_a_sample_clears_the_penalty_for_the_prompts_it_applies_to():
     clock = FakeClock()
     cuts = CutPenalties(clock)
     cuts.cut("a", 3.0, prompt_tokens=5000)
-    assert cuts.read("a") == (CUT_FACTOR, 3.0, 2500, 0)
+    assert cuts.read("a") == (CUT_FACTOR, 3.0, 0, 0)  # nothing answered since: every prompt
     cuts.sampled("a", 2499)
-    assert cuts.read("a")[0] == CUT_FACTOR
+    assert cuts.read("a") == (CUT_FACTOR, 3.0, 2500, 0)
     cuts.sampled("a", 2500)
     assert cuts.read("a") == (1.0, None, 0, 0)
 
@@ -367,9 +370,9 @@ def test_a_penalty_covers_the_load_its_cuts_were_sent_at_and_only_a_sample_there
     cuts = CutPenalties(clock)
     cuts.cut("box", 0.8, prompt_tokens=300, in_flight=5)
     cuts.cut("box", 0.8, prompt_tokens=300, in_flight=4)  # sent with the first: one penalty
-    assert cuts.read("box") == (CUT_FACTOR, 0.8, 150, 4)
+    assert cuts.read("box") == (CUT_FACTOR, 0.8, 0, 0)  # nothing answered since: every load
     cuts.sampled("box", 300, in_flight=3)
-    assert cuts.read("box")[0] == CUT_FACTOR
+    assert cuts.read("box") == (CUT_FACTOR, 0.8, 150, 4)
     cuts.sampled("box", 300, in_flight=None)  # load unknown: it clears, as before
     assert cuts.read("box") == (1.0, None, 0, 0)
     cuts.cut("box", 0.8, prompt_tokens=300, in_flight=4)
@@ -388,11 +391,29 @@ def test_a_penalty_covers_the_load_its_cuts_were_sent_at_and_only_a_sample_there
         in_flight=4,
     )
     req = RouteRequest(model="alias", prompt_tokens=300, slo_ttft_ms=800)
+    assert stats.health("box", in_flight=1).ttft_penalty_from_in_flight == 0  # none answered
+    stats.observe_ttft("box", 0.25, prompt_tokens=300, in_flight=2)  # an answer at 2
     busy, idle = stats.health("box", in_flight=4), stats.health("box", in_flight=3)
     assert busy.ttft_penalty == CUT_FACTOR and busy.ttft_penalty_from_in_flight == 4
     assert ttft_s(req, busy) == pytest.approx(2 * (ttft_s(req, idle) or 0.0))
-    stats.observe_ttft("box", 0.25, prompt_tokens=300, in_flight=2)  # an answer at 2
-    assert stats.health("box", in_flight=4).ttft_penalty == CUT_FACTOR
+
+
+def test_a_target_that_answers_nothing_since_its_cuts_is_penalised_at_every_load():
+    """A hang: `mid`'s requests were cut as they drained, at 14, then 11, then 8 in
+    flight; with no answer since, a request sent at 6 is as penalised, whatever its
+    prompt. Its first answer (at 2 in flight, a short prompt) narrows the penalty to the
+    loads and prompts that were cut."""
+    clock = FakeClock()
+    cuts = CutPenalties(clock)
+    for in_flight in (14, 11, 8):
+        cuts.cut("mid", 2.4, prompt_tokens=400, in_flight=in_flight)
+        clock.advance(2.5)
+    penalty, floor, from_tokens, from_in_flight = cuts.read("mid")
+    assert penalty > CUT_FACTOR and floor == 2.4 and (from_tokens, from_in_flight) == (0, 0)
+    cuts.sampled("mid", 100, in_flight=2)
+    assert cuts.read("mid")[2:] == (200, 8)
+    cuts.sampled("mid", 400, in_flight=8)
+    assert cuts.read("mid") == (1.0, None, 0, 0)
 
 
 def test_cuts_together_start_one_penalty():
