@@ -61,6 +61,7 @@ class Fit(Struct):
     # of that band's prompts is (``TwoSpeedFits.band_ages_s``), and when its count of
     # checked errors started to fade (``model_of``).
     band_at: list[float | None] = field(default_factory=_unseen_bands)
+    max_x: float = 0.0  # the longest prompt learnt from (``reach_tokens``)
 
 
 class TtftModel(Struct, frozen=True):
@@ -105,6 +106,7 @@ def learn(
     base, slope = line(fit, slope)
     band = spread_band(tokens)
     fit.band_at[band] = at
+    fit.max_x = max(fit.max_x, tokens)
     predicted = base + slope * tokens
     ratio = seconds / predicted if predicted > 0 else 0.0
     if fit.weight > 0 and 0 < ratio < math.inf:  # a log error needs both sides positive
@@ -139,13 +141,21 @@ def beyond_reach(fit: Fit, tokens: float, margin: float) -> bool:
     4,900-token answers, after chat prompts only, took 0.6-0.8 s against ~0.43 s
     predicted, at a new high of in-flight requests, and read as load (premium has no
     queue at all)."""
-    return tokens > reach_tokens(fit, margin)
+    return tokens > _usual_tokens(fit) + margin
 
 
 def reach_tokens(fit: Fit, margin: float) -> float:
-    """The longest prompt ``fit``'s slope is taken as known for: the mean of the prompts
-    it has seen plus two standard deviations, plus ``margin`` (``beyond_reach``)."""
-    return fit.mean_x + 2.0 * math.sqrt(max(fit.var_x, 0.0)) + margin
+    """The longest prompt ``fit``'s slope is known for, plus ``margin``: the longest it has
+    learnt from, or its usual ones' reach (``beyond_reach``) if further. Unlike
+    ``beyond_reach`` it does not fade as long prompts grow rare: the ridge keeps the
+    slope they taught (end to end, premium's usual prompts reached 2,900-4,100 tokens at
+    times, replayed from what it served, after it had learnt from 6,000-token ones)."""
+    return max(_usual_tokens(fit), fit.max_x) + margin
+
+
+def _usual_tokens(fit: Fit) -> float:
+    """The mean of the prompts ``fit`` has seen plus two standard deviations."""
+    return fit.mean_x + 2.0 * math.sqrt(max(fit.var_x, 0.0))
 
 
 def spread_of(fit: Fit) -> float | None:

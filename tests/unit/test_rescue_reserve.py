@@ -99,6 +99,12 @@ def test_the_reach_grows_with_the_prompts_the_slow_fit_sees():
     assert health.ttft_steady_reach_tokens is not None
     assert health.ttft_steady_reach_tokens > 4000
     assert as_rescue(rag, health).ttft_per_token_s < UNSEEN_PREFILL_S_PER_TOKEN
+    for _ in range(300):  # chat only again: the usual prompts' reach falls, not this one
+        clock.advance(0.2)
+        stats.observe_ttft("p", 0.35 * rng.lognormvariate(0.0, 0.35), prompt_tokens=200)
+    assert stats.fits.extrapolated("p", 4000)  # no longer usual: not watched as overdue
+    assert stats.health("p").ttft_steady_reach_tokens == pytest.approx(5000)
+    assert as_rescue(rag, stats.health("p")).ttft_per_token_s < UNSEEN_PREFILL_S_PER_TOKEN
 
 
 @given(
