@@ -97,7 +97,7 @@ class TargetHealth(Struct, frozen=True, kw_only=True):
     ttft_steady_band_spreads: tuple[float, ...] = ()
     # The longest prompt the slow fit's slope is known for (``policies.ttft_fit.
     # reach_tokens``; None: unknown): a rescue for a longer one is reserved a prefill of at
-    # least ``predict.UNSEEN_PREFILL_S_PER_TOKEN`` (``predict.as_rescue``).
+    # least ``predict.UNSEEN_PREFILL_S_PER_TOKEN`` for each token past it (``as_rescue``).
     ttft_steady_reach_tokens: float | None = None
     # From attempts cut at their first-token deadline (``policies.cuts``): a multiplier on
     # the predicted TTFT (1.0: none lately) for prompts of at least

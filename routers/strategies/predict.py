@@ -85,10 +85,12 @@ def as_rescue(req: RouteRequest, health: TargetHealth) -> TargetHealth:
     steadier; the longer of the two keeps a real slow-down the fast fit has seen.
 
     A prompt longer than the slow fit's slope is known for (``ttft_steady_reach_tokens``)
-    is reserved a prefill of at least ``UNSEEN_PREFILL_S_PER_TOKEN`` per token: the slope
-    starts at 0 and is learnt from the prompts seen, so it errs low on longer ones. End to
-    end, premium rescued 4,000-token RAG prompts 1-2 s into a run, after chat prompts
-    only: p99 reserved 0.73 s, served 1.0 s, two misses in every run since session 22."""
+    is reserved a prefill of at least ``UNSEEN_PREFILL_S_PER_TOKEN`` for each token past
+    that reach: the slope starts at 0 and is learnt from the prompts seen, so it errs low
+    on longer ones. End to end, premium rescued 4,000-token RAG prompts 1-2 s into a run,
+    after chat prompts only: p99 reserved 0.73 s, served 1.0 s, two misses in every run
+    since session 22. Only the tokens past the reach: the floor on the whole prompt cost
+    the routing simulator 10% more per request for the same attainment."""
     if health.ttft_steady_base_s is None or health.ttft_steady_per_token_s is None:
         return health
     steady = msgspec.structs.replace(
@@ -103,15 +105,18 @@ def as_rescue(req: RouteRequest, health: TargetHealth) -> TargetHealth:
 
 
 def _unseen_prefill(req: RouteRequest, health: TargetHealth) -> TargetHealth:
-    """``health`` with its slope raised to ``UNSEEN_PREFILL_S_PER_TOKEN`` where ``req``'s
-    prompt is longer than the slope is known for (see ``as_rescue``)."""
+    """``health`` where ``req``'s prompt is longer than the slope is known for (see
+    ``as_rescue``): the tokens past the reach at ``UNSEEN_PREFILL_S_PER_TOKEN`` at least,
+    as the slope for the whole prompt that adds as much."""
     reach = health.ttft_steady_reach_tokens
     slope = health.ttft_per_token_s
-    if reach is None or slope is None or req.prompt_tokens <= reach:
+    tokens = req.prompt_tokens
+    if reach is None or slope is None or tokens <= reach:
         return health
     if slope >= UNSEEN_PREFILL_S_PER_TOKEN:
         return health
-    return msgspec.structs.replace(health, ttft_per_token_s=UNSEEN_PREFILL_S_PER_TOKEN)
+    unseen = (UNSEEN_PREFILL_S_PER_TOKEN - slope) * (tokens - reach) / tokens
+    return msgspec.structs.replace(health, ttft_per_token_s=slope + unseen)
 
 
 def total_s(req: RouteRequest, health: TargetHealth, z: float = 0.0) -> float | None:
