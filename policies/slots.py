@@ -153,16 +153,14 @@ class SlotQueues:
         hold = self.hold_s(label) or 0.0
         cycle = max(0.0, service_s) + hold
         little = ahead * cycle / target.slots
-        return max(little, self._next_free_s(target, target.slots, hold, cycle, ahead))
+        return max(little, self._next_free_s(target, hold, cycle, ahead))
 
-    def _next_free_s(
-        self, target: _Target, slots: int, hold: float, cycle: float, ahead: int
-    ) -> float:
+    def _next_free_s(self, target: _Target, hold: float, cycle: float, ahead: int) -> float:
         """When the ``ahead``-th slot to free frees, from the open streams (see the module
         docstring)."""
         now = self._clock.now()
         free = [max(0.0, hold - (now - started)) for started in target.streams.values()]
-        free += [cycle] * (slots - len(free))
+        free += [cycle] * ((target.slots or 0) - len(free))
         heapq.heapify(free)
         for _ in range(ahead - 1):  # each request ahead holds the first slot to free a cycle
             heapq.heapreplace(free, free[0] + cycle)

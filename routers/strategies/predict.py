@@ -111,9 +111,7 @@ def _unseen_prefill(req: RouteRequest, health: TargetHealth) -> TargetHealth:
     reach = health.ttft_steady_reach_tokens
     slope = health.ttft_per_token_s
     tokens = req.prompt_tokens
-    if reach is None or slope is None or tokens <= reach:
-        return health
-    if slope >= UNSEEN_PREFILL_S_PER_TOKEN:
+    if reach is None or slope is None or tokens <= reach or slope >= UNSEEN_PREFILL_S_PER_TOKEN:
         return health
     unseen = (UNSEEN_PREFILL_S_PER_TOKEN - slope) * (tokens - reach) / tokens
     return msgspec.structs.replace(health, ttft_per_token_s=slope + unseen)
